@@ -1,0 +1,5 @@
+import sys
+
+from phasescope.cli import main
+
+sys.exit(main())

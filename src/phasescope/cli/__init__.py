@@ -1,0 +1,76 @@
+"""Command line: `phasescope COMMAND`. Each command lives in its own module in this package."""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+import click
+
+from phasescope import __version__
+from phasescope.errors import PhasescopeError
+
+# command name -> module in phasescope.cli that defines `command` (a click.Command).
+_COMMANDS: dict[str, str] = {
+    "top": "top",
+    "record": "record",
+    "classify": "classify",
+    "eval": "evaluate",
+    "train-model": "train_model",
+    "demo": "demo",
+}
+
+
+class _LazyGroup(click.Group):
+    """Imports a command's module only when that command runs, so `phasescope --help` stays fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = _COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        try:
+            mod = import_module(f"phasescope.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"phasescope.cli.{module}":
+                return None
+            raise
+        cmd: click.Command = mod.command
+        return cmd
+
+
+@click.group(cls=_LazyGroup, invoke_without_command=True)
+@click.version_option(__version__, prog_name="phasescope")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Phase-aware observability for AI accelerators: training, inference, other compute or idle."""
+    if ctx.invoked_subcommand is None:
+        top = cli.get_command(ctx, "top")
+        if top is None:
+            click.echo(ctx.get_help())
+            return
+        ctx.invoke(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: a PhasescopeError becomes one line on stderr and a non-zero exit, never a traceback."""
+    try:
+        cli.main(args=argv, prog_name="phasescope", standalone_mode=False)
+    except PhasescopeError as exc:
+        click.echo(f"phasescope: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("phasescope: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The one definition of every signal phasescope knows, and the batch types that carry them.
+
+Units are base units, as in Prometheus: ratio 0-1, bytes, watts, joules, hertz, celsius,
+bytes per second. Every reader converts into this schema at its edge; nothing downstream
+knows a file format. A missing value is NaN, never a silent 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+Unit = Literal["ratio", "bytes", "watts", "joules", "celsius", "hertz", "bytes_per_second", "bitmask"]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One telemetry signal: its name, base unit, storage dtype and meaning."""
+
+    name: str
+    unit: Unit
+    help: str
+    dtype: str = "float64"
+    # Counters only grow (energy); gauges go up and down.
+    kind: Literal["gauge", "counter"] = "gauge"
+    # The 9 NVML signals of the reference paper (Rahman & Tajdari) at 1 Hz.
+    paper: bool = False
+    # Present only on some devices (NVLink, GPM); absence there is normal, not a fault.
+    optional: bool = False
+
+
+_SIGNALS: tuple[Signal, ...] = (
+    Signal("gpu_util", "ratio", "Fraction of the last sample period in which a kernel ran", paper=True),
+    Signal("mem_util", "ratio", "Fraction of the last sample period in which device memory was read or written",
+           paper=True),
+    Signal("mem_used", "bytes", "Device memory in use", paper=True),
+    Signal("power", "watts", "Board power draw", paper=True),
+    Signal("temperature", "celsius", "GPU core temperature", paper=True),
+    Signal("sm_clock", "hertz", "Streaming multiprocessor clock", paper=True),
+    Signal("mem_clock", "hertz", "Memory clock", paper=True),
+    Signal("pcie_tx", "bytes_per_second", "PCIe transmit throughput (device to host)", paper=True),
+    Signal("pcie_rx", "bytes_per_second", "PCIe receive throughput (host to device)", paper=True),
+    Signal("mem_total", "bytes", "Device memory capacity"),
+    Signal("energy", "joules", "Energy consumed since the driver loaded", kind="counter"),
+    Signal("power_limit", "watts", "Enforced power limit"),
+    Signal("throttle_reasons", "bitmask", "NVML clocks-event (throttle) reasons bitmask"),
+    Signal("nvlink_tx", "bytes_per_second", "NVLink transmit throughput, all links", optional=True),
+    Signal("nvlink_rx", "bytes_per_second", "NVLink receive throughput, all links", optional=True),
+    Signal("sm_active", "ratio", "Fraction of SM cycles with at least one warp resident (GPM / DCGM)",
+           optional=True),
+    Signal("tensor_active", "ratio", "Fraction of cycles the tensor pipes were active (GPM / DCGM)",
+           optional=True),
+    Signal("dram_active", "ratio", "Fraction of cycles the memory interface was busy (GPM / DCGM)",
+           optional=True),
+)
+
+SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNALS}
+SIGNAL_NAMES: tuple[str, ...] = tuple(SIGNALS)
+PAPER_SIGNALS: tuple[str, ...] = tuple(s.name for s in _SIGNALS if s.paper)
+
+PHASES: tuple[str, ...] = ("training", "inference", "other", "idle")
+Phase = Literal["training", "inference", "other", "idle", "unknown"]
+
+# Conversions from the units the common logs use into base units.
+MIB = 1024.0 * 1024.0
+KB_PER_S = 1000.0  # NVML reports PCIe throughput in KB/s (1 KB = 1000 bytes per nvml.h)
+MHZ = 1e6
+PERCENT = 0.01
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Identity of one device. `uuid` is the key: NVML ignores CUDA_VISIBLE_DEVICES, so indices are not."""
+
+    uuid: str
+    name: str = ""  # model, e.g. "NVIDIA H100 80GB HBM3"
+    index: int | None = None
+    host: str = ""
+    parent_uuid: str | None = None  # set for a MIG instance
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def label(self) -> str:
+        idx = "" if self.index is None else f"#{self.index} "
+        return f"{idx}{self.name or 'device'} {self.uuid}".strip()
+
+
+def _as_float_array(values: Any, n: int, name: str) -> FloatArray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(f"signal {name!r} has shape {arr.shape}, expected ({n},) to match the time column")
+    return arr
+
+
+class Trace:
+    """A columnar batch of samples for one device: a time column plus one float64 column per signal.
+
+    `time` is seconds (Unix epoch where the source gives wall time, else the source's own clock).
+    Signals not present in `columns` read as all-NaN; `missing_signals()` names them.
+    """
+
+    __slots__ = ("columns", "device", "meta", "time")
+
+    def __init__(
+        self,
+        device: DeviceInfo,
+        time: Any,
+        columns: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.device = device
+        self.time: FloatArray = np.asarray(time, dtype=np.float64)
+        if self.time.ndim != 1:
+            raise ValueError("time must be one-dimensional")
+        n = self.time.shape[0]
+        self.columns: dict[str, FloatArray] = {}
+        for name, values in (columns or {}).items():
+            if name not in SIGNALS:
+                raise ValueError(f"unknown signal {name!r}; known signals: {', '.join(SIGNAL_NAMES)}")
+            self.columns[name] = _as_float_array(values, n, name)
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    def __len__(self) -> int:
+        return int(self.time.shape[0])
+
+    def __getitem__(self, name: str) -> FloatArray:
+        if name not in SIGNALS:
+            raise KeyError(f"unknown signal {name!r}")
+        col = self.columns.get(name)
+        if col is None:
+            return np.full(len(self), np.nan)
+        return col
+
+    def __repr__(self) -> str:
+        return f"Trace({self.device.label()!r}, n={len(self)}, signals={sorted(self.present_signals())})"
+
+    def has(self, name: str) -> bool:
+        col = self.columns.get(name)
+        return col is not None and bool(np.isfinite(col).any())
+
+    def present_signals(self) -> list[str]:
+        return [s for s in SIGNAL_NAMES if self.has(s)]
+
+    def missing_signals(self, among: Iterable[str] = PAPER_SIGNALS) -> list[str]:
+        """Signals with no finite sample at all (default: among the paper's 9)."""
+        return [s for s in among if not self.has(s)]
+
+    def missing_fraction(self) -> dict[str, float]:
+        """Fraction of samples that are NaN, per signal (1.0 for an absent signal)."""
+        n = len(self)
+        out: dict[str, float] = {}
+        for s in SIGNAL_NAMES:
+            col = self.columns.get(s)
+            out[s] = 1.0 if col is None or n == 0 else float(np.isnan(col).mean())
+        return out
+
+    def duration(self) -> float:
+        return float(self.time[-1] - self.time[0]) if len(self) > 1 else 0.0
+
+    def rate_hz(self) -> float:
+        """Median sampling rate; NaN when it cannot be told."""
+        if len(self) < 2:
+            return float("nan")
+        dt = np.diff(self.time)
+        dt = dt[dt > 0]
+        return float(1.0 / np.median(dt)) if dt.size else float("nan")
+
+    def slice_time(self, start: float | None = None, end: float | None = None) -> Trace:
+        """Samples with start <= time <= end."""
+        mask = np.ones(len(self), dtype=bool)
+        if start is not None:
+            mask &= self.time >= start
+        if end is not None:
+            mask &= self.time <= end
+        return self.take(mask)
+
+    def take(self, index: Any) -> Trace:
+        return Trace(self.device, self.time[index], {k: v[index] for k, v in self.columns.items()}, self.meta)
+
+    def with_columns(self, **columns: Any) -> Trace:
+        merged = dict(self.columns)
+        merged.update(columns)
+        return Trace(self.device, self.time, merged, self.meta)
+
+    def without(self, *names: str) -> Trace:
+        """A copy with the named signals removed (as if the source never had them)."""
+        return Trace(self.device, self.time, {k: v for k, v in self.columns.items() if k not in names}, self.meta)
+
+    @staticmethod
+    def concat(traces: list[Trace]) -> Trace:
+        if not traces:
+            raise ValueError("concat needs at least one trace")
+        names = sorted({k for t in traces for k in t.columns})
+        time = np.concatenate([t.time for t in traces])
+        cols = {k: np.concatenate([t[k] for t in traces]) for k in names}
+        order = np.argsort(time, kind="stable")
+        return Trace(traces[0].device, time[order], {k: v[order] for k, v in cols.items()}, traces[0].meta)
+
+
+@dataclass
+class ProcessSample:
+    """One process seen on one device at one time (NVML process list, enriched by psutil)."""
+
+    time: float
+    pid: int
+    device_uuid: str | None
+    name: str = ""
+    gpu_mem_used: float = float("nan")  # bytes
+    sm_util: float = float("nan")  # ratio, where the driver offers per-process utilisation
+    cpu_util: float = float("nan")  # ratio of one core
+    rss: float = float("nan")  # bytes
+    threads: float = float("nan")
+    read_bytes: float = float("nan")
+    write_bytes: float = float("nan")
+    uses_torch: bool = False
+
+
+@dataclass
+class Verdict:
+    """The classifier's answer for one device over one span of time."""
+
+    device: str
+    start: float
+    end: float
+    label: Phase
+    probabilities: dict[str, float]
+    model_version: str
+    evidence: dict[str, float] = field(default_factory=dict)  # feature -> contribution
+    missing_signals: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "start": self.start,
+            "end": self.end,
+            "label": self.label,
+            "probabilities": dict(self.probabilities),
+            "model_version": self.model_version,
+            "evidence": dict(self.evidence),
+            "missing_signals": list(self.missing_signals),
+        }
