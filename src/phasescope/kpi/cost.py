@@ -1,0 +1,164 @@
+"""Cost from device time and energy, per phase and per unit of work, and the training/inference crossover.
+
+Two price components, either or both configured:
+
+- time: device-seconds / 3600 x $/GPU-hour (a GPU held is paid for, busy or not);
+- energy: joules / 3.6e6 x $/kWh (measured energy only; see `coverage` in kpi/energy.py).
+
+A component whose price is not set is None, not 0, so "not priced" never reads as "free".
+Counts of steps, requests and tokens come from the caller (kpi/training.py, kpi/inference.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from phasescope.kpi.energy import J_PER_KWH, DeviceEnergy
+
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What one device costs: per hour held, per kWh drawn, or both (None = not priced)."""
+
+    usd_per_gpu_hour: float | None = None
+    usd_per_kwh: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("usd_per_gpu_hour", "usd_per_kwh"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def priced(self) -> bool:
+        return self.usd_per_gpu_hour is not None or self.usd_per_kwh is not None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A cost split into its time and energy components (USD); None where that price is not set."""
+
+    time_usd: float | None
+    energy_usd: float | None
+
+    @property
+    def total_usd(self) -> float | None:
+        parts = [p for p in (self.time_usd, self.energy_usd) if p is not None]
+        return sum(parts) if parts else None
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(_add(self.time_usd, other.time_usd), _add(self.energy_usd, other.energy_usd))
+
+    def scaled(self, factor: float) -> Cost:
+        return Cost(
+            None if self.time_usd is None else self.time_usd * factor,
+            None if self.energy_usd is None else self.energy_usd * factor,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_usd": self.time_usd, "energy_usd": self.energy_usd, "total_usd": self.total_usd}
+
+
+ZERO = Cost(None, None)
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def cost_of(device_seconds: float, joules: float, prices: Prices) -> Cost:
+    """Cost of `device_seconds` of held device time that drew `joules`."""
+    time_usd = (
+        None
+        if prices.usd_per_gpu_hour is None
+        else device_seconds / SECONDS_PER_HOUR * prices.usd_per_gpu_hour
+    )
+    energy_usd = None if prices.usd_per_kwh is None else joules / J_PER_KWH * prices.usd_per_kwh
+    return Cost(time_usd, energy_usd)
+
+
+def device_cost(result: DeviceEnergy, prices: Prices) -> Cost:
+    """Whole-trace cost of one device: its span as held time, its measured energy."""
+    return cost_of(result.span_s, result.joules, prices)
+
+
+def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, Prices]) -> dict[str, Cost]:
+    """Cost per phase label, summed over devices. `prices`: one Prices, or a map device uuid -> Prices.
+
+    A device without phase segments counts whole under ``unsegmented``, so the labels sum to `total_cost`.
+    """
+    out: dict[str, Cost] = {}
+    for r in results:
+        p = prices if isinstance(prices, Prices) else prices[r.device]
+        for label, pe in r.phases_or_whole().items():
+            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p)
+    return out
+
+
+def total_cost(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, Prices]) -> Cost:
+    total = ZERO
+    for r in results:
+        total = total + device_cost(r, prices if isinstance(prices, Prices) else prices[r.device])
+    return total
+
+
+def _per(cost: Cost, count: float | None, unit: float) -> Cost | None:
+    if count is None or not math.isfinite(count) or count <= 0:
+        return None
+    return cost.scaled(unit / count)
+
+
+def per_1k_requests(cost: Cost, requests: float | None) -> Cost | None:
+    """Cost of 1,000 requests, given the cost of serving `requests` (None when there were none)."""
+    return _per(cost, requests, 1000.0)
+
+
+def per_step(cost: Cost, steps: float | None) -> Cost | None:
+    """Cost of one training step, given the cost of `steps` steps."""
+    return _per(cost, steps, 1.0)
+
+
+def per_million_tokens(cost: Cost, tokens: float | None) -> Cost | None:
+    """Cost of 1,000,000 tokens, given the cost of processing `tokens`."""
+    return _per(cost, tokens, 1e6)
+
+
+def crossover(train_cost: float, queries_per_day: float, cost_per_query: float) -> float:
+    """Days until cumulative inference spend equals the training spend: train_cost / (queries/day x $/query).
+
+    Infinite when inference costs nothing per day. $10M training, 1M queries/day at $0.001: 10,000 days.
+    """
+    for name, value in (
+        ("train_cost", train_cost),
+        ("queries_per_day", queries_per_day),
+        ("cost_per_query", cost_per_query),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    daily = queries_per_day * cost_per_query
+    return math.inf if daily == 0 else train_cost / daily
+
+
+def cost_per_query(
+    results: Iterable[DeviceEnergy],
+    requests: float,
+    prices: Prices | Mapping[str, Prices],
+    phase: str | None = None,
+) -> Cost:
+    """Measured cost of one query: the cost of the devices that served `requests` requests, divided by them.
+
+    With `phase` (e.g. "inference"), only that phase's time and energy count; else each device's whole trace.
+    Raises ValueError when `requests` is not positive.
+    """
+    if not (math.isfinite(requests) and requests > 0):
+        raise ValueError(f"requests must be > 0, got {requests!r}")
+    results = list(results)
+    spent = total_cost(results, prices) if phase is None else phase_costs(results, prices).get(phase, ZERO)
+    return spent.scaled(1.0 / requests)

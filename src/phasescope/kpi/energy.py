@@ -1,0 +1,467 @@
+"""Energy per device and per phase, from the energy counter where there is one, else from integrated power.
+
+Two methods, chosen per device and always reported (`method`):
+
+- ``counter``: differences of the `energy` counter (joules since the driver loaded). A counter keeps counting
+  through a telemetry gap, so the energy across a NaN gap is exact. A decrease is a reset (driver reload) or a
+  wrap: that one interval falls back to integrated power if both ends have power, else it is left uncovered.
+- ``integrated_power``: trapezoids of `power` over time. An interval is integrated only when it is no longer
+  than `gap_factor` sample periods (one missing sample at 1 Hz is bridged, a minute of silence is not);
+  longer gaps stay uncovered and are reported, never guessed.
+
+`coverage` is the fraction of the span the energy figure actually covers. Energy is split between phase
+segments through the cumulative energy curve, interpolated linearly inside a sample interval (the interval's
+mean power is taken as constant), so per-phase energies always sum to the device total.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from phasescope.schema import SIGNAL_NAMES, FloatArray, Trace
+
+Method = Literal["counter", "integrated_power", "none"]
+
+DEFAULT_GAP_FACTOR = 3.0
+# Time no phase segment claims, when segments are given.
+UNSEGMENTED = "unsegmented"
+J_PER_KWH = 3.6e6
+
+
+# ---------------------------------------------------------------- segments
+
+
+def as_segments(segments: Iterable[Any]) -> list[tuple[float, float, str]]:
+    """(start, end, label) triples, sorted by start, from objects with `.start/.end/.label` or plain tuples.
+
+    Raises ValueError for an end before its start or for overlapping segments (they would count energy twice).
+    """
+    out: list[tuple[float, float, str]] = []
+    for seg in segments:
+        if hasattr(seg, "start") and hasattr(seg, "end") and hasattr(seg, "label"):
+            start, end, label = seg.start, seg.end, seg.label
+        else:
+            start, end, label = seg
+        start_f, end_f = float(start), float(end)
+        if not (math.isfinite(start_f) and math.isfinite(end_f)) or end_f < start_f:
+            raise ValueError(
+                f"segment {label!r} has start {start_f} and end {end_f}; expected finite start <= end"
+            )
+        out.append((start_f, end_f, str(label)))
+    out.sort(key=lambda s: s[0])
+    for (_, end_a, label_a), (start_b, _, label_b) in itertools.pairwise(out):
+        if start_b < end_a - 1e-9:
+            raise ValueError(
+                f"segments {label_a!r} (ends {end_a}) and {label_b!r} (starts {start_b}) overlap"
+            )
+    return out
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class PhaseEnergy:
+    """Energy over the time one label's segments span on one device."""
+
+    label: str
+    joules: float
+    seconds: float  # wall time of the segments (clipped to the trace)
+    covered_s: float  # part of `seconds` that has energy data
+
+    @property
+    def kwh(self) -> float:
+        return self.joules / J_PER_KWH
+
+    @property
+    def coverage(self) -> float:
+        return self.covered_s / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def mean_power_w(self) -> float:
+        return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "joules": self.joules,
+            "kwh": self.kwh,
+            "seconds": self.seconds,
+            "covered_s": self.covered_s,
+            "coverage": _json_float(self.coverage),
+            "mean_power_w": _json_float(self.mean_power_w),
+        }
+
+
+@dataclass(frozen=True)
+class DeviceEnergy:
+    """Energy of one device over one trace, with the method used and how much of the span it covers."""
+
+    device: str  # uuid
+    name: str
+    method: Method
+    joules: float
+    span_s: float  # first to last sample of the trace
+    covered_s: float
+    resets: int = 0  # counter decreases seen (each one interval bridged by power or left uncovered)
+    phases: dict[str, PhaseEnergy] = field(default_factory=dict)
+
+    @property
+    def kwh(self) -> float:
+        return self.joules / J_PER_KWH
+
+    @property
+    def coverage(self) -> float:
+        return self.covered_s / self.span_s if self.span_s > 0 else float("nan")
+
+    @property
+    def uncovered_s(self) -> float:
+        return max(self.span_s - self.covered_s, 0.0)
+
+    @property
+    def mean_power_w(self) -> float:
+        return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
+
+    def phases_or_whole(self) -> dict[str, PhaseEnergy]:
+        """`phases`, or the whole trace under ``unsegmented`` when no segments were given."""
+        return self.phases or {
+            UNSEGMENTED: PhaseEnergy(UNSEGMENTED, self.joules, self.span_s, self.covered_s)
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "name": self.name,
+            "method": self.method,
+            "joules": self.joules,
+            "kwh": self.kwh,
+            "span_s": self.span_s,
+            "covered_s": self.covered_s,
+            "uncovered_s": self.uncovered_s,
+            "coverage": _json_float(self.coverage),
+            "mean_power_w": _json_float(self.mean_power_w),
+            "resets": self.resets,
+            "phases": {k: v.to_dict() for k, v in self.phases.items()},
+        }
+
+
+def _json_float(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+# ---------------------------------------------------------------- the cumulative curve
+
+
+@dataclass(frozen=True)
+class EnergyCurve:
+    """Cumulative energy and covered time at each knot (sample time), both starting at 0."""
+
+    time: FloatArray
+    energy_j: FloatArray
+    covered_s: FloatArray
+    method: Method
+    resets: int
+
+    def at(self, t: Any) -> tuple[FloatArray, FloatArray]:
+        """Cumulative (joules, covered seconds) at times `t`; flat outside the knots."""
+        x = np.asarray(t, dtype=np.float64)
+        if self.time.size == 0:
+            zero = np.zeros_like(x)
+            return zero, zero
+        return np.interp(x, self.time, self.energy_j), np.interp(x, self.time, self.covered_s)
+
+    def between(self, start: Any, end: Any) -> tuple[FloatArray, FloatArray]:
+        """(joules, covered seconds) within each [start, end]."""
+        e0, c0 = self.at(start)
+        e1, c1 = self.at(end)
+        return e1 - e0, c1 - c0
+
+
+def sample_period(time: FloatArray) -> float:
+    """Median positive spacing of the time column; NaN when it cannot be told."""
+    dt = np.diff(time)
+    dt = dt[dt > 0]
+    return float(np.median(dt)) if dt.size else float("nan")
+
+
+def _clean(time: FloatArray, values: FloatArray) -> tuple[FloatArray, FloatArray, npt.NDArray[np.intp]]:
+    """Rows with finite time and value, sorted, one per distinct time. Returns (time, value, row index)."""
+    rows = np.flatnonzero(np.isfinite(time) & np.isfinite(values))
+    rows = rows[np.argsort(time[rows], kind="stable")]
+    t = time[rows]
+    keep = np.ones(t.size, dtype=bool)
+    keep[1:] = np.diff(t) > 0
+    rows = rows[keep]
+    return time[rows], values[rows], rows
+
+
+def _curve_from_intervals(
+    t: FloatArray, de: FloatArray, dc: FloatArray, method: Method, resets: int
+) -> EnergyCurve:
+    energy = np.concatenate(([0.0], np.cumsum(de)))
+    covered = np.concatenate(([0.0], np.cumsum(dc)))
+    return EnergyCurve(t, energy, covered, method, resets)
+
+
+def _trapezoids(t: FloatArray, p: FloatArray, max_gap_s: float) -> tuple[FloatArray, FloatArray]:
+    dt = np.diff(t)
+    ok = dt <= max_gap_s
+    de = np.where(ok, 0.5 * (p[1:] + p[:-1]) * dt, 0.0)
+    return de, np.where(ok, dt, 0.0)
+
+
+def energy_curve(
+    trace: Trace,
+    *,
+    gap_factor: float = DEFAULT_GAP_FACTOR,
+    max_gap_s: float | None = None,
+    method: Method | None = None,
+) -> EnergyCurve:
+    """The cumulative energy curve of one trace: from the counter if it has one, else from integrated power.
+
+    `max_gap_s` (default `gap_factor` x the median sample period) is the longest interval power is
+    integrated over. `method` forces one method (for comparisons); by default the counter wins when present.
+    """
+    time = trace.time
+    period = sample_period(time)
+    gap = max_gap_s if max_gap_s is not None else gap_factor * period
+    if not math.isfinite(gap):
+        gap = 0.0
+    power = trace["power"]
+    counter = trace["energy"]
+    use_counter = method == "counter" or (method is None and int(np.isfinite(counter).sum()) >= 2)
+    if use_counter:
+        t, e, rows = _clean(time, counter)
+        if t.size < 2:
+            return EnergyCurve(t, np.zeros(t.size), np.zeros(t.size), "counter", 0)
+        de = np.diff(e)
+        dc = np.diff(t)
+        reset = de < 0
+        if reset.any():
+            # The counter restarted inside these intervals: bridge them with power where both ends have it.
+            p0, p1 = power[rows[:-1]], power[rows[1:]]
+            bridge = reset & np.isfinite(p0) & np.isfinite(p1) & (dc <= gap)
+            de = np.where(bridge, 0.5 * (p0 + p1) * dc, np.where(reset, 0.0, de))
+            dc = np.where(reset & ~bridge, 0.0, dc)
+        return _curve_from_intervals(t, de, dc, "counter", int(reset.sum()))
+    t, p, _ = _clean(time, power)
+    if t.size < 2:
+        return EnergyCurve(t, np.zeros(t.size), np.zeros(t.size), "integrated_power" if t.size else "none", 0)
+    de, dc = _trapezoids(t, p, gap)
+    return _curve_from_intervals(t, de, dc, "integrated_power", 0)
+
+
+# ---------------------------------------------------------------- per device, per phase
+
+
+def device_energy(
+    trace: Trace,
+    segments: Iterable[Any] | None = None,
+    *,
+    gap_factor: float = DEFAULT_GAP_FACTOR,
+    max_gap_s: float | None = None,
+    method: Method | None = None,
+) -> DeviceEnergy:
+    """Energy of one trace, and per phase label when `segments` ((start, end, label) or Segments) are given.
+
+    Time no segment claims goes under the label ``unsegmented``, so phases always sum to the total.
+    """
+    curve = energy_curve(trace, gap_factor=gap_factor, max_gap_s=max_gap_s, method=method)
+    span_s = trace.duration()
+    total_j = float(curve.energy_j[-1]) if curve.energy_j.size else 0.0
+    covered = float(curve.covered_s[-1]) if curve.covered_s.size else 0.0
+    phases: dict[str, PhaseEnergy] = {}
+    if segments is not None and len(trace) > 0:
+        segs = as_segments(segments)
+        lo, hi = float(np.nanmin(trace.time)), float(np.nanmax(trace.time))
+        if segs:
+            starts = np.clip(np.array([s[0] for s in segs]), lo, hi)
+            ends = np.clip(np.array([s[1] for s in segs]), lo, hi)
+            joules, cov = curve.between(starts, ends)
+            acc: dict[str, list[float]] = {}
+            for (_, _, label), j, c, secs in zip(segs, joules, cov, ends - starts, strict=True):
+                row = acc.setdefault(label, [0.0, 0.0, 0.0])
+                row[0] += float(j)
+                row[1] += float(secs)
+                row[2] += float(c)
+            phases = {k: PhaseEnergy(k, v[0], v[1], v[2]) for k, v in acc.items()}
+        claimed = [
+            sum(p.joules for p in phases.values()),
+            sum(p.seconds for p in phases.values()),
+            sum(p.covered_s for p in phases.values()),
+        ]
+        rest = PhaseEnergy(
+            UNSEGMENTED, total_j - claimed[0], max(span_s - claimed[1], 0.0), covered - claimed[2]
+        )
+        if rest.seconds > 1e-9 or abs(rest.joules) > 1e-6:
+            phases[UNSEGMENTED] = rest
+    return DeviceEnergy(
+        trace.device.uuid, trace.device.name, curve.method, total_j, span_s, covered, curve.resets, phases
+    )
+
+
+def energy_per_device(
+    traces: Sequence[Trace],
+    segments: Mapping[str, Iterable[Any]] | Sequence[Iterable[Any] | None] | None = None,
+    **kwargs: Any,
+) -> list[DeviceEnergy]:
+    """`device_energy` for each trace; `segments` is keyed by device uuid, or a list parallel to `traces`."""
+    out = []
+    for i, trace in enumerate(traces):
+        if segments is None:
+            segs = None
+        elif isinstance(segments, Mapping):
+            segs = segments.get(trace.device.uuid)
+        else:
+            segs = segments[i]
+        out.append(device_energy(trace, segs, **kwargs))
+    return out
+
+
+def totals_by_phase(results: Iterable[DeviceEnergy]) -> dict[str, PhaseEnergy]:
+    """Phase energies summed over devices (seconds are device-seconds); a device without segments counts
+    whole under ``unsegmented``, so the labels always sum to the fleet total."""
+    acc: dict[str, list[float]] = {}
+    for r in results:
+        for label, p in r.phases_or_whole().items():
+            row = acc.setdefault(label, [0.0, 0.0, 0.0])
+            row[0] += p.joules
+            row[1] += p.seconds
+            row[2] += p.covered_s
+    return {k: PhaseEnergy(k, v[0], v[1], v[2]) for k, v in acc.items()}
+
+
+# ---------------------------------------------------------------- live
+
+
+class EnergyMeter:
+    """Energy so far for one device, fed one tick at a time (for the TUI and the dashboard).
+
+    `update(t, power_w, energy_j, phase)` attributes the interval since the previous tick to `phase` (the
+    phase current at this tick; None -> "unknown"). Once the device has shown a counter reading, the counter
+    is used; until then, power is integrated with the batch method's gap rule (`gap_factor` x `interval_s`).
+    A counter that returns after a gap covers the gap exactly; its energy goes to the phase at its return.
+    """
+
+    def __init__(
+        self, interval_s: float = 1.0, gap_factor: float = DEFAULT_GAP_FACTOR, max_gap_s: float | None = None
+    ) -> None:
+        self.max_gap_s = max_gap_s if max_gap_s is not None else gap_factor * interval_s
+        self.first_time = float("nan")
+        self.last_time = float("nan")
+        self.resets = 0
+        self._last_power = (float("nan"), float("nan"))  # (time, watts) of the last finite power
+        self._last_counter = (float("nan"), float("nan"))  # (time, joules) of the last finite counter
+        self._prev_tick_power = float("nan")  # power at the previous tick, NaN if it was missing
+        self._by_method: dict[str, float] = {"counter": 0.0, "integrated_power": 0.0}  # covered seconds
+        self._phases: dict[str, list[float]] = {}  # label -> [joules, seconds, covered_s]
+
+    def update(
+        self, tick_time: float, power_w: float, energy_j: float = float("nan"), phase: str | None = None
+    ) -> float:
+        """Take one tick; returns the joules it added. Ticks come in time order; older ones are ignored."""
+        t = float(tick_time)
+        if not math.isfinite(t) or (math.isfinite(self.last_time) and t <= self.last_time):
+            return 0.0
+        label = phase or "unknown"
+        added_j, added_cov, via = 0.0, 0.0, ""
+        p, e = float(power_w), float(energy_j)
+        t0, e0 = self._last_counter
+        if math.isfinite(e) and math.isfinite(e0):
+            if e >= e0:
+                added_j, added_cov, via = e - e0, t - t0, "counter"
+            else:
+                # Reset or wrap: bridge this one tick interval with power if both ticks have it.
+                self.resets += 1
+                dt = t - self.last_time
+                if (
+                    math.isfinite(p)
+                    and math.isfinite(self._prev_tick_power)
+                    and dt <= self.max_gap_s
+                    and t0 == self.last_time
+                ):
+                    added_j, added_cov, via = 0.5 * (p + self._prev_tick_power) * dt, dt, "counter"
+        elif not math.isfinite(e0) and math.isfinite(p):
+            # No counter seen yet (this tick's reading, if any, is its first): integrate power.
+            tp, p0 = self._last_power
+            if math.isfinite(p0) and t - tp <= self.max_gap_s:
+                added_j, added_cov, via = 0.5 * (p + p0) * (t - tp), t - tp, "integrated_power"
+        if math.isfinite(e):
+            self._last_counter = (t, e)
+        if math.isfinite(p):
+            self._last_power = (t, p)
+        self._prev_tick_power = p
+        if via:
+            self._by_method[via] += added_cov
+        if math.isfinite(self.last_time):
+            row = self._phases.setdefault(label, [0.0, 0.0, 0.0])
+            row[0] += added_j
+            row[1] += t - self.last_time
+            row[2] += added_cov
+        else:
+            self.first_time = t
+        self.last_time = t
+        return added_j
+
+    @property
+    def joules(self) -> float:
+        return sum(v[0] for v in self._phases.values())
+
+    @property
+    def covered_s(self) -> float:
+        return sum(v[2] for v in self._phases.values())
+
+    @property
+    def span_s(self) -> float:
+        return self.last_time - self.first_time if math.isfinite(self.first_time) else 0.0
+
+    @property
+    def method(self) -> Method:
+        by = self._by_method
+        if by["counter"] == 0.0 and by["integrated_power"] == 0.0:
+            return "none"
+        return "counter" if by["counter"] >= by["integrated_power"] else "integrated_power"
+
+    def phases(self) -> dict[str, PhaseEnergy]:
+        return {k: PhaseEnergy(k, v[0], v[1], v[2]) for k, v in self._phases.items()}
+
+    def result(self, device: str = "", name: str = "") -> DeviceEnergy:
+        return DeviceEnergy(
+            device, name, self.method, self.joules, self.span_s, self.covered_s, self.resets, self.phases()
+        )
+
+
+class FleetEnergyMeter:
+    """One `EnergyMeter` per device, fed whole `TickBatch`es (sources/base.py) as the sampler makes them."""
+
+    def __init__(self, interval_s: float = 1.0, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
+        self.interval_s = interval_s
+        self.gap_factor = gap_factor
+        self.meters: dict[str, EnergyMeter] = {}
+        self.names: dict[str, str] = {}
+        self._power_col = SIGNAL_NAMES.index("power")
+        self._energy_col = SIGNAL_NAMES.index("energy")
+
+    def update(self, batch: Any, phases: Mapping[str, str] | None = None) -> None:
+        """`batch` is a TickBatch; `phases` maps device uuid -> current phase label."""
+        for row, dev in enumerate(batch.devices):
+            meter = self.meters.get(dev.uuid)
+            if meter is None:
+                meter = self.meters[dev.uuid] = EnergyMeter(self.interval_s, self.gap_factor)
+                self.names[dev.uuid] = dev.name
+            meter.update(
+                batch.time,
+                batch.values[row, self._power_col],
+                batch.values[row, self._energy_col],
+                (phases or {}).get(dev.uuid),
+            )
+
+    def results(self) -> list[DeviceEnergy]:
+        return [m.result(uuid, self.names.get(uuid, "")) for uuid, m in self.meters.items()]

@@ -1,0 +1,53 @@
+"""Inference KPIs: request latency and rate, and generation loops told apart from batch loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phasescope.instrument import events as ev
+from phasescope.instrument.timeline import build
+from phasescope.kpi.inference import generation_runs, inference_kpis
+
+
+def _runs(seq: list[int], batch: int = 1, root: int = 0) -> list[int]:
+    n = len(seq)
+    return generation_runs(np.full(n, root), np.array(seq, float), np.full(n, float(batch)),
+                           np.ones(n, bool)).tolist()
+
+
+def test_growing_sequence_is_a_generation() -> None:
+    assert _runs([5, 6, 7, 8, 3, 4, 5]) == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_kv_cache_pattern_is_a_generation() -> None:
+    assert _runs([12, 1, 1, 1, 9, 1, 1]) == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_batch_loops_are_not_generations() -> None:
+    assert _runs([128] * 6) == [-1] * 6  # fixed-length batches
+    assert _runs([1] * 6) == [-1] * 6  # single-token inputs with no prefill
+    assert _runs([7, 8, 30, 12, 13, 40]) == [-1] * 6  # two chance +1 pairs are not a loop
+    assert _runs([12, 1, 1, 1, 2, 3]) == [0, 0, 0, 0, -1, -1]  # a 2-token prefill after decoding is new
+
+
+def _requests(latencies: list[float], gap: float, batch: int = 4) -> ev.ProcessEvents:
+    rows, t = [], 50.0
+    for i, lat in enumerate(latencies):
+        rows += [[ev.FWD_BEGIN, t, 0, i, 0, 0, 0], [ev.FWD_END, t + lat, 0, i, batch, 0, ev.INFERENCE_MODE]]
+        t += lat + gap
+    meta = {"roots": [{"name": "M", "mode_sensitive_layers": []}]}
+    return ev.ProcessEvents(1, np.array(rows, float), 0.0, meta)
+
+
+def test_latency_percentiles_and_rate() -> None:
+    lats = [0.01 * (i + 1) for i in range(100)]
+    tl = build(_requests(lats, gap=0.0))
+    k = inference_kpis(tl)
+    assert k is not None
+    assert k["requests"] == 100 and k["forwards"] == 100
+    assert k["latency_p50_s"] == pytest.approx(np.percentile(lats, 50))
+    assert k["latency_p99_s"] == pytest.approx(np.percentile(lats, 99))
+    assert k["requests_per_s"] == pytest.approx(100 / sum(lats))
+    assert k["batch_size_mean"] == 4
+    assert "generation" not in k
