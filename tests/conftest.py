@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.fakes.fake_nvml"]
+
 REPO = Path(__file__).resolve().parents[1]
 
 

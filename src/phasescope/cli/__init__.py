@@ -18,6 +18,8 @@ _COMMANDS: dict[str, str] = {
     "eval": "evaluate",
     "train-model": "train_model",
     "demo": "demo",
+    "run": "run",
+    "cost": "cost",
 }
 
 

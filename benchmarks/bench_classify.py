@@ -1,0 +1,84 @@
+"""Throughput of the classifier: samples/s through features + model, against the paper-baseline pipeline.
+
+Both pipelines run in the same process on the same real traces (SensorGuard RTX 3090 runs at 1 Hz and
+H100 nvidia-smi logs at 10 Hz from ../shared/data). Each model is fitted once beforehand (fitting is not
+timed); timed is what classifying a trace costs: resample + window features + model prediction.
+
+    .venv/bin/python benchmarks/bench_classify.py [--data ../shared/data] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from phasescope.classify import train
+from phasescope.classify.dataset import load_examples
+from phasescope.classify.paper_baseline import PaperBaseline, paper_features
+from phasescope.schema import Trace
+
+
+def _best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    wanted = ("train_gpt2_wikitext", "infer_bert", "hpc_gemm", "idle", "gpt_pretraining")
+    examples = load_examples(args.data, include=lambda r: r.family in wanted)
+    table = train.build_table(examples)
+    model = train.fit_model(table)
+    Xp = train.paper_matrix(table)
+    rows = table.rows(np.arange(len(examples)), (1,))
+    rows = rows[table.sufficient[rows]]
+    baseline = PaperBaseline(n_jobs=1).fit(Xp[rows], table.y[rows])
+
+    traces: list[Trace] = [e.trace for e in examples]
+    samples = sum(len(t) for t in traces)
+
+    def ours() -> None:
+        for t in traces:
+            model.predict_trace(t, evidence=False)
+
+    def ours_with_evidence() -> None:
+        for t in traces:
+            model.predict_trace(t, evidence=True)
+
+    def paper() -> None:
+        for t in traces:
+            f = paper_features(t)
+            baseline.predict_proba(f)
+
+    ours(), paper()  # warm up (lazy booster parsing, imports)
+    t_ours = _best_of(ours, args.repeat)
+    t_ev = _best_of(ours_with_evidence, args.repeat)
+    t_paper = _best_of(paper, args.repeat)
+    out = {
+        "traces": len(traces),
+        "samples": samples,
+        "windows": int(rows.size),
+        "phasescope_samples_per_s": round(samples / t_ours),
+        "phasescope_with_evidence_samples_per_s": round(samples / t_ev),
+        "paper_baseline_samples_per_s": round(samples / t_paper),
+        "speedup": round(t_paper / t_ours, 1),
+        "speedup_with_evidence": round(t_paper / t_ev, 1),
+        "threads": "both single-threaded at prediction (LightGBM num_threads=1, RandomForest n_jobs=1)",
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

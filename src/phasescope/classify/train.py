@@ -1,0 +1,583 @@
+"""Fit and evaluate the phase model on labelled examples.
+
+Design:
+- Window features for every example are computed once (`build_table`), in two copies: with the device
+  limits (trace columns or the known-GPU table) and without the table, so the model also learns to
+  answer when the device model is unknown.
+- One LightGBM multiclass booster per signal subset (`SUBSETS`), each fitted only on the features its
+  signals allow and only on examples that have those signals. Prediction picks the largest subset the
+  trace has (see `model.PhaseModel.choose`), so a missing signal never reads as a zero.
+- Weights: every class weighs the same in total, and within a class every run weighs the same, so the
+  many idle bystander GPUs and the long runs do not drown the short evasion runs.
+- Evaluation splits are grouped by run: a run never sits on both sides (`folds`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from phasescope.classify.dataset import Example
+from phasescope.classify.model import PhaseModel, Submodel, UnknownRules
+from phasescope.features import (
+    FEATURE_NAMES,
+    WindowConfig,
+    device_limits,
+    features_for_signals,
+    window_features,
+)
+from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray
+
+MODEL_VERSION = "0.1.0"
+
+_PCIE = {"pcie_tx", "pcie_rx"}
+_CLOCKS = {"sm_clock", "mem_clock"}
+_ALL9 = set(PAPER_SIGNALS)
+
+# Realistic signal subsets, largest first. Names are used in reports and the model file.
+SUBSETS: dict[str, frozenset[str]] = {
+    "all9": frozenset(_ALL9),
+    "no_pcie": frozenset(_ALL9 - _PCIE),
+    "no_clocks": frozenset(_ALL9 - _CLOCKS),
+    "no_pcie_no_clocks": frozenset(_ALL9 - _PCIE - _CLOCKS),
+    "smi_default": frozenset({"power", "gpu_util", "mem_used"}),
+    "util_mem": frozenset({"gpu_util", "mem_used"}),
+    "power_util": frozenset({"power", "gpu_util"}),
+    "power_mem": frozenset({"power", "mem_used"}),
+}
+
+LGB_PARAMS: dict[str, Any] = {
+    "objective": "multiclass",
+    "num_class": len(PHASES),
+    "learning_rate": 0.08,
+    "num_leaves": 8,
+    "min_data_in_leaf": 20,
+    "feature_fraction": 0.8,
+    "bagging_fraction": 0.8,
+    "bagging_freq": 1,
+    "lambda_l2": 1.0,
+    "verbose": -1,
+    "num_threads": 2,
+    "seed": 7,
+    "deterministic": True,
+}
+NUM_ROUNDS = 120
+
+
+@dataclass
+class WindowTable:
+    """All windows of all examples, features precomputed. `copy` 1 = with device limits, 0 = without."""
+
+    X: FloatArray
+    y: np.ndarray
+    ex: np.ndarray  # index into `examples`
+    copy: np.ndarray
+    sufficient: np.ndarray
+    interval_s: np.ndarray  # per window, the example's grid spacing
+    examples: list[Example]
+    present: list[frozenset[str]]  # per example
+    seconds: float = 0.0
+
+    def rows(self, example_ids: np.ndarray, copies: Sequence[int]) -> np.ndarray:
+        m = np.isin(self.ex, example_ids) & np.isin(self.copy, list(copies))
+        return np.flatnonzero(m)
+
+
+def build_table(
+    examples: Sequence[Example], config: WindowConfig | None = None, limit_dropout: bool = True
+) -> WindowTable:
+    cfg = config or WindowConfig()
+    t0 = time.perf_counter()
+    Xs, ys, exs, copies, suff, ivs = [], [], [], [], [], []
+    present: list[frozenset[str]] = []
+    for i, ex in enumerate(examples):
+        present.append(frozenset(ex.trace.present_signals()) & _ALL9)
+        variants = [(1, True)]
+        if limit_dropout and device_limits(ex.trace, True) != device_limits(ex.trace, False):
+            variants.append((0, False))
+        for copy, use_table in variants:
+            wf = window_features(ex.trace, cfg, use_table=use_table)
+            n = wf.values.shape[0]
+            Xs.append(wf.values)
+            ys.append(np.full(n, PHASES.index(ex.label)))
+            exs.append(np.full(n, i))
+            copies.append(np.full(n, copy))
+            suff.append(wf.sufficient)
+            ivs.append(np.full(n, wf.interval_s))
+    cat = np.concatenate
+    return WindowTable(
+        cat(Xs),
+        cat(ys),
+        cat(exs),
+        cat(copies),
+        cat(suff).astype(bool),
+        cat(ivs),
+        list(examples),
+        present,
+        time.perf_counter() - t0,
+    )
+
+
+def _weights(table: WindowTable, rows: np.ndarray) -> FloatArray:
+    """Each class weighs 1 in total; within a class each run weighs the same."""
+    y = table.y[rows]
+    runs = np.array([table.examples[i].run for i in table.ex[rows]])
+    w = np.zeros(rows.size)
+    classes = np.unique(y)
+    for c in classes:
+        mc = y == c
+        rc = runs[mc]
+        uniq, inv, counts = np.unique(rc, return_inverse=True, return_counts=True)
+        w[np.flatnonzero(mc)] = 1.0 / (len(uniq) * counts[inv])
+    return w * rows.size / max(len(classes), 1)
+
+
+def fit_submodel(
+    table: WindowTable, train_ids: np.ndarray, name: str, signals: frozenset[str], rounds: int = NUM_ROUNDS
+) -> Submodel | None:
+    import lightgbm as lgb
+
+    eligible = np.array([i for i in train_ids if signals <= table.present[i]], dtype=np.int64)
+    rows = table.rows(eligible, (0, 1))
+    rows = rows[table.sufficient[rows] & _in_range(table.interval_s[rows])]
+    if rows.size < 50 or np.unique(table.y[rows]).size < 2:
+        return None
+    feats = features_for_signals(signals)
+    cols = [FEATURE_NAMES.index(f) for f in feats]
+    ds = lgb.Dataset(
+        table.X[np.ix_(rows, cols)],
+        label=table.y[rows],
+        weight=_weights(table, rows),
+        feature_name=list(feats),
+        free_raw_data=True,
+    )
+    booster = lgb.train(LGB_PARAMS, ds, num_boost_round=rounds)
+    return Submodel(name, tuple(sorted(signals)), tuple(feats), booster, booster.model_to_string())
+
+
+def _in_range(interval: FloatArray, rules: UnknownRules | None = None) -> np.ndarray:
+    r = rules or UnknownRules()
+    return (interval >= r.min_interval_s) & (interval <= r.max_interval_s)
+
+
+def fit_model(
+    table: WindowTable,
+    train_ids: np.ndarray | None = None,
+    subsets: Sequence[str] | None = None,
+    card: dict[str, Any] | None = None,
+    config: WindowConfig | None = None,
+) -> PhaseModel:
+    ids = np.arange(len(table.examples)) if train_ids is None else train_ids
+    subs = []
+    for name in subsets or SUBSETS:
+        sm = fit_submodel(table, ids, name, SUBSETS[name])
+        if sm is not None:
+            subs.append(sm)
+    return PhaseModel(MODEL_VERSION, config or WindowConfig(), UnknownRules(), subs, card)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@dataclass
+class Predictions:
+    """Test-side predictions gathered over all folds (one entry per window of the primary copy)."""
+
+    rows: list[np.ndarray] = field(default_factory=list)
+    proba: list[FloatArray] = field(default_factory=list)
+    labels: list[np.ndarray] = field(default_factory=list)  # class index, -1 = unknown
+    raw: list[np.ndarray] = field(default_factory=list)  # argmax ignoring the unknown rules (-1 = no data)
+    fold: list[np.ndarray] = field(default_factory=list)
+
+    def cat(self) -> tuple[np.ndarray, FloatArray, np.ndarray, np.ndarray, np.ndarray]:
+        if not self.rows:
+            z = np.zeros(0, dtype=np.int64)
+            return z, np.zeros((0, len(PHASES))), z, z, z
+        return (
+            np.concatenate(self.rows),
+            np.concatenate(self.proba),
+            np.concatenate(self.labels),
+            np.concatenate(self.raw),
+            np.concatenate(self.fold),
+        )
+
+
+def predict_rows(
+    model: PhaseModel, table: WindowTable, rows: np.ndarray
+) -> tuple[FloatArray, np.ndarray, np.ndarray]:
+    """Model answer for table rows (grouped by example so each uses its own submodel)."""
+    proba = np.full((rows.size, len(PHASES)), np.nan)
+    labels = np.full(rows.size, -1)
+    raw = np.full(rows.size, -1)
+    exs = table.ex[rows]
+    r = model.rules
+    for e in np.unique(exs):
+        pos = np.flatnonzero(exs == e)
+        sub = model.choose(set(table.present[e]))
+        if sub is None or len(table.present[e]) < r.min_signals:
+            continue
+        rr = rows[pos]
+        ok = table.sufficient[rr]
+        if not ok.any():
+            continue
+        p = sub.predict(table.X[rr[ok]])
+        raw[pos[ok]] = p.argmax(axis=1)
+        if not _in_range(table.interval_s[rr[:1]], r)[0]:
+            continue
+        proba[pos[ok]] = p
+        called = p.max(axis=1) >= r.min_proba
+        labels[pos[ok]] = np.where(called, p.argmax(axis=1), -1)
+    return proba, labels, raw
+
+
+def folds(
+    examples: Sequence[Example], split: str, k: int = 5, seed: int = 0
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, train example ids, test example ids). A run never sits on both sides.
+
+    run: k folds of whole runs. gpu|source|family: leave one value out; training then drops every run
+    that has any example in the test side (bystander GPUs share the run of the workload beside them).
+    """
+    runs = np.array([e.run for e in examples])
+    if split == "run":
+        uniq = np.array(sorted(set(runs)))
+        rng = np.random.default_rng(seed)
+        rng.shuffle(uniq)
+        assign = {r: i % k for i, r in enumerate(uniq)}
+        fold_of = np.array([assign[r] for r in runs])
+        return [(f"fold{f}", np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)) for f in range(k)]
+    attr = {"gpu": "gpu", "source": "source", "family": "family"}.get(split)
+    if attr is None:
+        raise ValueError(f"unknown split {split!r}")
+    values = np.array([getattr(e, attr) for e in examples])
+    out = []
+    for v in sorted(set(values)):
+        if split == "family" and v == "bystander_idle":
+            continue  # the idle GPUs beside every workload: holding them out would hold out every run
+        test = np.flatnonzero(values == v)
+        test_runs = set(runs[test])
+        train = np.flatnonzero(~np.isin(runs, list(test_runs)))
+        out.append((v, train, test))
+    return out
+
+
+def cross_validate(
+    table: WindowTable,
+    split: str,
+    k: int = 5,
+    fitter: Callable[[WindowTable, np.ndarray, set[frozenset[str]]], Any] | None = None,
+    predictor: Callable[[Any, WindowTable, np.ndarray], tuple[FloatArray, np.ndarray, np.ndarray]]
+    | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Predictions:
+    """Fit on the train side of each fold, predict the primary copy of the test side."""
+    out = Predictions()
+    for fi, (name, train, test) in enumerate(folds(table.examples, split, k)):
+        rows = table.rows(test, (1,))
+        if rows.size == 0 or train.size == 0:
+            continue
+        needed = {table.present[i] for i in test}
+        if fitter is None:
+            subsets = [n for n, s in SUBSETS.items() if any(s <= p for p in needed)]
+            # Only the largest subset each test example would use is needed.
+            chosen = set()
+            for p in needed:
+                for n in subsets:
+                    if SUBSETS[n] <= p:
+                        chosen.add(n)
+                        break
+            model: Any = fit_model(table, train, subsets=[n for n in SUBSETS if n in chosen])
+        else:
+            model = fitter(table, train, needed)
+        proba, labels, raw = (predictor or predict_rows)(model, table, rows)
+        out.rows.append(rows)
+        out.proba.append(proba)
+        out.labels.append(labels)
+        out.raw.append(raw)
+        out.fold.append(np.full(rows.size, fi))
+        if progress:
+            progress(f"{split} {name}: {len(train)} train / {len(test)} test examples")
+    return out
+
+
+EVASION_FAMILIES = ("duty_shaping", "interleaving", "memory_minimal", "migration")
+ALIBABA_SOURCE_PREFIX = "alibaba"
+
+
+def metrics(table: WindowTable, pred: Predictions) -> dict[str, Any]:
+    """Window, run and per-family figures from gathered test predictions."""
+    rows, proba, labels, raw, _ = pred.cat()
+    y = table.y[rows]
+    ex = table.ex[rows]
+    is_ali = np.array([table.examples[i].source.startswith(ALIBABA_SOURCE_PREFIX) for i in ex], dtype=bool)
+    k = len(PHASES)
+    res: dict[str, Any] = {}
+
+    def window_block(mask: np.ndarray) -> dict[str, Any]:
+        yt, lp = y[mask], labels[mask]
+        n = int(mask.sum())
+        called = lp >= 0
+        conf = np.zeros((k, k + 1), dtype=np.int64)
+        np.add.at(conf, (yt, np.where(called, lp, k)), 1)
+        per_class = {}
+        for c, name in enumerate(PHASES):
+            tp = conf[c, c]
+            support = conf[c].sum()
+            predicted = conf[:, c].sum()
+            per_class[name] = {
+                "support": int(support),
+                "recall": _ratio(tp, support),
+                "precision": _ratio(tp, predicted),
+            }
+        tr = PHASES.index("training")
+        neg = yt != tr
+        return {
+            "windows": n,
+            "accuracy": _ratio((lp == yt).sum(), n),
+            "called_fraction": _ratio(called.sum(), n),
+            "accuracy_on_called": _ratio((lp == yt)[called].sum(), called.sum()),
+            "balanced_accuracy": float(
+                np.nanmean([per_class[p]["recall"] for p in PHASES if per_class[p]["support"] > 0])
+            )
+            if n
+            else float("nan"),
+            "training_recall": per_class["training"]["recall"],
+            "training_precision": per_class["training"]["precision"],
+            "training_fpr": _ratio(((lp == tr) & neg).sum(), neg.sum()),
+            "per_class": per_class,
+            "confusion": {
+                "rows_true": list(PHASES),
+                "cols_pred": [*PHASES, "unknown"],
+                "counts": conf.tolist(),
+            },
+        }
+
+    res["window"] = window_block(~is_ali)
+    # Run level: mean probability over the example's called windows, argmax.
+    ex_ids = np.unique(ex)
+    run_pred = {}
+    for e in ex_ids:
+        m = (ex == e) & np.isfinite(proba).all(axis=1)
+        run_pred[int(e)] = int(np.argmax(proba[m].mean(axis=0))) if m.any() else -1
+
+    def run_block(ids: Sequence[int]) -> dict[str, Any]:
+        yt = np.array([PHASES.index(table.examples[i].label) for i in ids], dtype=np.int64)
+        yp = np.array([run_pred[i] for i in ids], dtype=np.int64)
+        out: dict[str, Any] = {
+            "examples": len(ids),
+            "accuracy": _ratio((yt == yp).sum(), len(ids)),
+            "unknown": int((yp < 0).sum()),
+        }
+        pc = {}
+        for c, name in enumerate(PHASES):
+            sup = (yt == c).sum()
+            pc[name] = {
+                "support": int(sup),
+                "recall": _ratio(((yt == c) & (yp == c)).sum(), sup),
+                "precision": _ratio(((yt == c) & (yp == c)).sum(), (yp == c).sum()),
+            }
+        out["per_class"] = pc
+        return out
+
+    main_ids = [int(e) for e in ex_ids if not table.examples[e].source.startswith(ALIBABA_SOURCE_PREFIX)]
+    res["run"] = run_block(main_ids)
+    workload = [i for i in main_ids if table.examples[i].family != "bystander_idle"]
+    res["run_workloads_only"] = run_block(workload)
+    fam: dict[str, dict[str, Any]] = {}
+    for i in main_ids:
+        f = table.examples[i].family
+        d = fam.setdefault(
+            f, {"label": table.examples[i].label, "examples": 0, "correct": 0, "called_training": 0}
+        )
+        d["examples"] += 1
+        d["correct"] += int(run_pred[i] == PHASES.index(d["label"]))
+        d["called_training"] += int(run_pred[i] == PHASES.index("training"))
+    for d in fam.values():
+        d["accuracy"] = _ratio(d["correct"], d["examples"])
+    res["families"] = dict(sorted(fam.items()))
+    ev = [i for i in main_ids if table.examples[i].family in EVASION_FAMILIES]
+    res["evasion_detection"] = {
+        "examples": len(ev),
+        "detected": _ratio(sum(run_pred[i] == PHASES.index("training") for i in ev), len(ev)),
+        "by_family": {
+            f: _ratio(fam[f]["called_training"], fam[f]["examples"]) for f in EVASION_FAMILIES if f in fam
+        },
+    }
+    if is_ali.any():
+        la = labels[is_ali]
+        ra = raw[is_ali]
+        tr = PHASES.index("training")
+        res["alibaba"] = {
+            "windows": int(is_ali.sum()),
+            "called_training": _ratio((la == tr).sum(), la.size),
+            "unknown": _ratio((la < 0).sum(), la.size),
+            "raw_argmax_training": _ratio((ra == tr).sum(), (ra >= 0).sum()),
+            "raw_windows_with_data": int((ra >= 0).sum()),
+        }
+    return res
+
+
+def _ratio(a: Any, b: Any) -> float:
+    return float(a) / float(b) if b else float("nan")
+
+
+def paper_matrix(table: WindowTable, config: WindowConfig | None = None) -> FloatArray:
+    """The baseline's 166 features for the primary-copy rows of `table` (NaN rows elsewhere)."""
+    from phasescope.classify.paper_baseline import FEATURE_NAMES as PAPER_NAMES
+    from phasescope.classify.paper_baseline import paper_features
+
+    out = np.full((table.X.shape[0], len(PAPER_NAMES)), np.nan)
+    for i, ex in enumerate(table.examples):
+        rows = np.flatnonzero((table.ex == i) & (table.copy == 1))
+        f = paper_features(ex.trace, config)
+        if f.shape[0] != rows.size:
+            raise AssertionError(f"baseline windows {f.shape[0]} != feature windows {rows.size} for {ex.key}")
+        out[rows] = f
+    return out
+
+
+def baseline_cv(
+    table: WindowTable,
+    split: str,
+    k: int = 5,
+    n_trees: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Predictions:
+    """The paper's pipeline on the same folds and windows as `cross_validate`."""
+    from phasescope.classify.paper_baseline import N_TREES, PaperBaseline
+
+    Xp = paper_matrix(table)
+
+    def fitter(tab: WindowTable, train: np.ndarray, needed: set[frozenset[str]]) -> PaperBaseline:
+        rows = tab.rows(train, (1,))
+        rows = rows[tab.sufficient[rows] & _in_range(tab.interval_s[rows])]
+        return PaperBaseline(n_trees or N_TREES).fit(Xp[rows], tab.y[rows])
+
+    def predictor(
+        model: PaperBaseline, tab: WindowTable, rows: np.ndarray
+    ) -> tuple[FloatArray, np.ndarray, np.ndarray]:
+        has_data = np.isfinite(Xp[rows]).any(axis=1)
+        proba = np.full((rows.size, len(PHASES)), np.nan)
+        proba[has_data] = model.predict_proba(Xp[rows[has_data]])
+        labels = np.where(has_data, np.nan_to_num(proba, nan=-1).argmax(axis=1), -1)
+        return proba, labels, labels.copy()
+
+    return cross_validate(table, split, k, fitter, predictor, progress)
+
+
+def evaluate(
+    table: WindowTable,
+    split: str,
+    baseline: bool = False,
+    k: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Figures for our model (and the paper baseline) on the same grouped folds."""
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {
+        "split": split,
+        "folds": len(folds(table.examples, split, k)),
+        "model": metrics(table, cross_validate(table, split, k, progress=progress)),
+    }
+    res["model_seconds"] = time.perf_counter() - t0
+    if baseline:
+        t1 = time.perf_counter()
+        res["baseline"] = metrics(table, baseline_cv(table, split, k, progress=progress))
+        res["baseline_seconds"] = time.perf_counter() - t1
+    return res
+
+
+def subset_accuracy(table: WindowTable, k: int = 5) -> dict[str, dict[str, Any]]:
+    """Run-grouped CV with every example reduced to one realistic signal subset at a time.
+
+    Features of the removed signals are blanked (they depend on nothing else), and each fold fits only
+    the subset's own booster, exactly as a trace with just those signals would be judged.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, signals in SUBSETS.items():
+        if name in ("power_util", "power_mem"):
+            continue
+        keep = [i for i, p in enumerate(table.present) if signals <= p]
+        if not keep:
+            continue
+        sub = _restrict(table, signals)
+        pred = cross_validate(sub, "run", k)
+        m = metrics(sub, pred)
+        out[name] = {
+            "signals": sorted(signals),
+            "window_accuracy": m["window"]["accuracy"],
+            "window_balanced_accuracy": m["window"]["balanced_accuracy"],
+            "training_recall": m["window"]["training_recall"],
+            "training_fpr": m["window"]["training_fpr"],
+            "run_accuracy": m["run"]["accuracy"],
+            "evasion_detected": m["evasion_detection"]["detected"],
+        }
+    return out
+
+
+def _restrict(table: WindowTable, signals: frozenset[str]) -> WindowTable:
+    """The same table as if every trace had carried only `signals` (examples lacking them are dropped)."""
+    keep_ex = np.array([signals <= p for p in table.present])
+    rows = np.flatnonzero(keep_ex[table.ex])
+    X = table.X[rows].copy()
+    allowed = set(features_for_signals(signals))
+    for j, f in enumerate(FEATURE_NAMES):
+        if f not in allowed:
+            X[:, j] = np.nan
+    new_ids = np.cumsum(keep_ex) - 1
+    return WindowTable(
+        X,
+        table.y[rows],
+        new_ids[table.ex[rows]],
+        table.copy[rows],
+        table.sufficient[rows],
+        table.interval_s[rows],
+        [e for e, k in zip(table.examples, keep_ex, strict=True) if k],
+        [signals for k in keep_ex if k],
+    )
+
+
+def load_data(data: Sequence[str], reader: Any = None) -> list[Example]:
+    """Examples from one or more labels tables; runs are prefixed when several tables are joined."""
+    from phasescope.classify.dataset import load_examples
+
+    out: list[Example] = []
+    for d in data:
+        exs = load_examples(d, reader=reader)
+        if len(data) > 1:
+            for e in exs:
+                e.run = f"{d}::{e.run}"
+        out.extend(exs)
+    return out
+
+
+def model_card(table: WindowTable, evaluation: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    from phasescope.classify.dataset import summary
+    from phasescope.features import describe
+
+    s = summary(table.examples)
+    card: dict[str, Any] = {
+        "model": "phasescope phase classifier",
+        "version": MODEL_VERSION,
+        "classes": list(PHASES),
+        "algorithm": f"LightGBM multiclass, {NUM_ROUNDS} rounds, {LGB_PARAMS['num_leaves']} leaves, "
+        "one booster per "
+        "signal subset; class- and run-balanced weights; device-limit dropout",
+        "training_data": {
+            **s,
+            "windows": int((table.copy == 1).sum()),
+            "runs": len({e.run for e in table.examples}),
+        },
+        "subsets": {k: sorted(v) for k, v in SUBSETS.items()},
+        "features": describe(),
+        "unknown_rules": UnknownRules().__dict__,
+        "fit_seconds": round(seconds, 2),
+    }
+    if evaluation is not None:
+        card["evaluation"] = evaluation
+    return card

@@ -1,0 +1,247 @@
+"""`phasescope classify PATH...`: classify recorded traces offline, one verdict per device trace.
+
+`--json` prints one object per device trace per line:
+    {"path", "device", "label", "probabilities", "missing_signals", "segments": [...],
+     "windows": [{"start", "end", "label", "p_training"}], ...}
+Without it, a short table and a timeline strip per device. A file that cannot be read gets one line on
+stderr; the other paths are still classified, and the exit code is non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import click
+import numpy as np
+
+from phasescope.classify import decide
+from phasescope.errors import PhasescopeError
+from phasescope.schema import Trace
+
+# One char per window in the timeline strip, and its colour.
+_GLYPH: dict[str, tuple[str, str]] = {
+    "training": ("T", "bold red"),
+    "inference": ("I", "bold cyan"),
+    "other": ("O", "yellow"),
+    "idle": (".", "dim"),
+    decide.UNKNOWN: ("?", "magenta"),
+}
+_STRIP_WIDTH = 96  # longer traces show the majority label of several windows per char
+
+
+class ClassifyFailed(PhasescopeError):
+    """Some inputs could not be classified (each was already named on its own line)."""
+
+
+@dataclass
+class Result:
+    """The classification of one device trace, ready to print."""
+
+    path: str
+    trace: Trace
+    pred: Any  # classify.model.WindowPredictions
+    segments: list[decide.Segment]
+    label: str
+    probabilities: dict[str, float]
+    confidence: float
+
+    def to_json(self) -> dict[str, Any]:
+        dev = self.trace.device
+        start = np.asarray(self.pred.start, dtype=np.float64)
+        end = np.asarray(self.pred.end, dtype=np.float64)
+        p_train = decide.p_training(self.pred)
+        windows = [
+            {"start": float(s), "end": float(e), "label": lab, "p_training": _num(p)}
+            for s, e, lab, p in zip(start.tolist(), end.tolist(), self.pred.labels, p_train.tolist(),
+                                    strict=True)
+        ]
+        return {
+            "path": self.path,
+            "device": dev.uuid,
+            "device_name": dev.name,
+            "gpu_index": dev.index,
+            "format": self.trace.meta.get("format"),
+            "label": self.label,
+            "confidence": _num(self.confidence),
+            "probabilities": {k: _num(v) for k, v in self.probabilities.items()},
+            "missing_signals": list(self.pred.missing_signals),
+            "model_version": self.pred.model_version,
+            "segments": [s.to_dict() for s in self.segments],
+            "windows": windows,
+        }
+
+
+def classify_trace(model: Any, trace: Trace, path: str, window: float | None, stride: float | None) -> Result:
+    pred = _predict(model, trace, window, stride)
+    segs = decide.segments(pred)
+    label = decide.overall_label(segs)
+    return Result(path, trace, pred, segs, label, decide.mean_probabilities(pred), _confidence(segs, label))
+
+
+def _predict(model: Any, trace: Trace, window: float | None, stride: float | None) -> Any:
+    """The model's window predictions; --window/--stride override its window settings for this call."""
+    if window is not None or stride is not None:
+        model = with_windows(model, window, stride)
+    return model.predict_trace(trace)
+
+
+def with_windows(model: Any, window: float | None, stride: float | None) -> Any:
+    """A copy of `model` that cuts windows of `window` seconds every `stride` seconds (None: keep)."""
+    cfg = model.config
+    cfg = replace(cfg, window_s=cfg.window_s if window is None else window,
+                  stride_s=cfg.stride_s if stride is None else stride)
+    return type(model)(model.version, cfg, model.rules, model.submodels, model.card)
+
+
+def _confidence(segs: Sequence[decide.Segment], label: str) -> float:
+    """Time-weighted mean probability of `label` over the segments that carry it."""
+    mine = [s for s in segs if s.label == label and math.isfinite(s.confidence)]
+    total = sum(max(s.duration, 0.0) for s in mine)
+    if not mine:
+        return float("nan")
+    if total <= 0:
+        return float(np.mean([s.confidence for s in mine]))
+    return sum(s.confidence * max(s.duration, 0.0) for s in mine) / total
+
+
+def _num(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+# --- human output ------------------------------------------------------------------------------------
+
+
+def timeline(labels: Sequence[str], width: int = _STRIP_WIDTH) -> list[tuple[str, str]]:
+    """(char, style) per window, or per bin of windows (the bin's most common label) when there are many."""
+    n = len(labels)
+    if n == 0:
+        return []
+    bins = min(n, width)
+    edges = np.linspace(0, n, bins + 1).round().astype(int)
+    out: list[tuple[str, str]] = []
+    for lo, hi in itertools.pairwise(edges.tolist()):
+        chunk = list(labels[lo:hi])
+        # Majority label; ties go to the first seen, so a lone odd window inside a bin does not show.
+        top = max(dict.fromkeys(chunk), key=chunk.count)
+        out.append(_GLYPH.get(top, _GLYPH[decide.UNKNOWN]))
+    return out
+
+
+def _span(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _segments_text(segs: Sequence[decide.Segment], t0: float, limit: int = 4) -> str:
+    parts = [f"{s.label} {_span(s.start - t0)}-{_span(s.end - t0)}" for s in segs[:limit]]
+    if len(segs) > limit:
+        parts.append(f"+{len(segs) - limit} more")
+    return ", ".join(parts) or "-"
+
+
+def _missing_text(missing: Sequence[str]) -> str:
+    """Missing signals, with the PCIe and clock pairs folded into one word each."""
+    names = list(missing)
+    for pair, word in ((("pcie_tx", "pcie_rx"), "pcie"), (("sm_clock", "mem_clock"), "clocks")):
+        if all(p in names for p in pair):
+            names = [n for n in names if n not in pair] + [word]
+    return ", ".join(names) or "-"
+
+
+def _device_text(trace: Trace) -> str:
+    dev = trace.device
+    idx = f"#{dev.index}" if dev.index is not None else "#-"
+    name = dev.name.replace("NVIDIA ", "").replace("GeForce ", "") if dev.name else ""
+    return f"{idx} {name}".strip()
+
+
+def print_human(results: Sequence[Result]) -> None:
+    """Per file: its path, a table row per device, then a timeline strip per device."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    by_path: dict[str, list[Result]] = {}
+    for r in results:
+        by_path.setdefault(r.path, []).append(r)
+    for path, rs in by_path.items():
+        console.print(Text(_short_path(path, max(20, console.width - 1)), style="bold"))
+        table = Table(show_edge=False, pad_edge=False, box=None, header_style="dim")
+        for col in ("device", "phase", "conf", "missing", "segments"):
+            table.add_column(col, overflow="fold")
+        for r in rs:
+            t0 = float(r.pred.start[0]) if len(r.pred.labels) else 0.0
+            style = _GLYPH.get(r.label, _GLYPH[decide.UNKNOWN])[1]
+            conf = "-" if not math.isfinite(r.confidence) else f"{r.confidence:.2f}"
+            table.add_row(_device_text(r.trace), Text(r.label, style=style), conf,
+                          _missing_text(r.pred.missing_signals), _segments_text(r.segments, t0))
+        console.print(table)
+        for r in rs:
+            head = f"  {_device_text(r.trace).split()[0]:>4} "
+            strip = Text(head, style="dim")
+            width = max(10, min(_STRIP_WIDTH, console.width - len(head) - 1))
+            for ch, style in timeline(r.pred.labels, width):
+                strip.append(ch, style=style)
+            console.print(strip, no_wrap=True, overflow="crop")
+    legend = "  ".join(f"{c} {lab}" for lab, (c, _) in _GLYPH.items())
+    console.print(Text(f"timeline: one char per window (or per group of windows): {legend}", style="dim"))
+
+
+def _short_path(path: str, limit: int = 48) -> str:
+    return path if len(path) <= limit else "..." + path[-(limit - 3):]
+
+
+# --- command -----------------------------------------------------------------------------------------
+
+
+@click.command("classify")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
+@click.option("--format", "fmt", default="auto", show_default=True,
+              help="File format: auto, or a reader name (see docs/FORMATS.md), with options after ':'.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per device trace per line.")
+@click.option("--model", "model_path", default=None, type=click.Path(dir_okay=False, path_type=str),
+              help="Model file (default: the model shipped with phasescope).")
+@click.option("--window", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Window length in seconds (default: the model's).")
+@click.option("--stride", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stride between windows in seconds (default: the model's).")
+def command(paths: tuple[str, ...], fmt: str, as_json: bool, model_path: str | None,
+            window: float | None, stride: float | None) -> None:
+    """Classify recorded traces: training, inference, other compute or idle, per device and over time."""
+    from phasescope.classify.model import PhaseModel
+    from phasescope.sources.replay import read
+
+    model = PhaseModel.load(model_path)
+    failures: list[PhasescopeError] = []
+    results: list[Result] = []
+    for path in paths:
+        try:
+            traces = read(path, fmt)
+            out = [classify_trace(model, t, path, window, stride) for t in traces]
+        except PhasescopeError as exc:
+            failures.append(exc)
+            if len(paths) > 1:
+                click.echo(f"phasescope: {exc}", err=True)
+            continue
+        if as_json:
+            for r in out:
+                click.echo(json.dumps(r.to_json(), allow_nan=False))
+        else:
+            results.extend(out)
+    if results:
+        print_human(results)
+    if failures:
+        if len(paths) == 1:
+            raise failures[0]
+        raise ClassifyFailed(f"{len(failures)} of {len(paths)} inputs could not be classified")

@@ -1,0 +1,143 @@
+"""`phasescope eval DATA...`: grouped cross-validation of the phase model (and the paper's method)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import click
+
+from phasescope.errors import InputError
+from phasescope.schema import PHASES
+
+
+def _f(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def _rows(m: dict[str, Any]) -> list[tuple[str, Any]]:
+    w, r = m["window"], m["run"]
+    rows: list[tuple[str, Any]] = [
+        ("windows (excl. Alibaba)", w["windows"]),
+        ("window accuracy", w["accuracy"]),
+        ("window balanced accuracy", w["balanced_accuracy"]),
+        ("windows called (not unknown)", w["called_fraction"]),
+        ("training recall (windows)", w["training_recall"]),
+        ("training precision (windows)", w["training_precision"]),
+        ("training false-positive rate", w["training_fpr"]),
+    ]
+    rows += [(f"recall {p} (windows)", w["per_class"][p]["recall"]) for p in PHASES]
+    rows += [
+        ("run accuracy (device-runs)", r["accuracy"]),
+        ("run accuracy, workloads only", m["run_workloads_only"]["accuracy"]),
+    ]
+    rows += [(f"run recall {p}", r["per_class"][p]["recall"]) for p in PHASES]
+    ev = m["evasion_detection"]
+    rows.append((f"evasion runs detected ({ev['examples']})", ev["detected"]))
+    rows += [(f"  {f}", v) for f, v in ev["by_family"].items()]
+    if "alibaba" in m:
+        a = m["alibaba"]
+        rows += [
+            ("Alibaba windows called training", a["called_training"]),
+            ("Alibaba windows unknown", a["unknown"]),
+            ("Alibaba, argmax without unknown rules", a["raw_argmax_training"]),
+        ]
+    return rows
+
+
+def _print_result(res: dict[str, Any]) -> None:
+    base = res.get("baseline")
+    click.echo(f"\nsplit: {res['split']} ({res['folds']} folds; no run on both sides)")
+    head = f"{'':40} {'phasescope':>11}" + (f" {'paper RF':>11}" if base else "")
+    click.echo(head)
+    brows = dict(_rows(base)) if base else {}
+    for name, v in _rows(res["model"]):
+        line = f"{name:40} {_f(v):>11}"
+        if base:
+            line += f" {_f(brows.get(name)):>11}"
+        click.echo(line)
+    for label, m in (("phasescope", res["model"]), ("paper RF", base)):
+        if not m:
+            continue
+        c = m["window"]["confusion"]
+        click.echo(f"confusion ({label}), rows true, columns predicted: {' '.join(c['cols_pred'])}")
+        for name, row in zip(c["rows_true"], c["counts"], strict=True):
+            click.echo(f"  {name:10} " + " ".join(f"{x:7d}" for x in row))
+    wrong = {f: d for f, d in res["model"]["families"].items() if d["accuracy"] < 1}
+    if wrong:
+        click.echo(
+            "families with wrong runs (phasescope): "
+            + ", ".join(f"{f} {d['correct']}/{d['examples']}" for f, d in wrong.items())
+        )
+
+
+@click.command("eval")
+@click.argument("data", nargs=-1, required=True)
+@click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    type=click.Choice(["run", "gpu", "source", "family"]),
+    help="Grouping for the folds (repeatable; default: run).",
+)
+@click.option(
+    "--baseline",
+    type=click.Choice(["paper", "none"]),
+    default="none",
+    show_default=True,
+    help="Also run the paper's method on the same folds.",
+)
+@click.option(
+    "--subsets", is_flag=True, help="Also report run-grouped accuracy for each realistic signal subset."
+)
+@click.option("-k", "folds", default=5, show_default=True, help="Folds for --split run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def command(
+    data: tuple[str, ...], splits: tuple[str, ...], baseline: str, subsets: bool, folds: int, as_json: bool
+) -> None:
+    """Evaluate the phase classifier on labelled DATA (labels.csv files, or folders holding one)."""
+    from phasescope.classify import train
+
+    examples = train.load_data(list(data))
+    if not examples:
+        raise InputError(data[0], "labels", "at least one labelled trace", "none")
+    table = train.build_table(examples)
+    progress = None if as_json else (lambda msg: click.echo(f"  {msg}", err=True))
+    out: dict[str, Any] = {
+        "examples": len(examples),
+        "runs": len({e.run for e in examples}),
+        "windows": int((table.copy == 1).sum()),
+        "results": [],
+    }
+    if not as_json:
+        click.echo(f"{out['examples']} labelled device traces, {out['runs']} runs, {out['windows']} windows")
+    for split in splits or ("run",):
+        res = train.evaluate(table, split, baseline=baseline == "paper", k=folds, progress=progress)
+        out["results"].append(res)
+        if not as_json:
+            _print_result(res)
+    if subsets:
+        out["subsets"] = train.subset_accuracy(table, k=folds)
+        if not as_json:
+            click.echo("\nrun-grouped CV with only these signals:")
+            click.echo(
+                f"{'subset':20} {'win acc':>8} {'bal acc':>8} {'run acc':>8} {'trainRec':>8} "
+                f"{'trainFPR':>8} {'evasion':>8}"
+            )
+            for name, d in out["subsets"].items():
+                click.echo(
+                    f"{name:20} {_f(d['window_accuracy']):>8} {_f(d['window_balanced_accuracy']):>8} "
+                    f"{_f(d['run_accuracy']):>8} {_f(d['training_recall']):>8} {_f(d['training_fpr']):>8} "
+                    f"{_f(d['evasion_detected']):>8}"
+                )
+    if as_json:
+        click.echo(json.dumps(out, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(type(o).__name__)

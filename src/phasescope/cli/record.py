@@ -1,0 +1,208 @@
+"""`phasescope record`: write telemetry to a crash-safe Parquet recording with a manifest."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from phasescope.errors import SourceError
+from phasescope.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
+from phasescope.sampler import MIN_INTERVAL_S, Sampler
+from phasescope.schema import PAPER_SIGNALS
+from phasescope.sources.base import TickBatch
+from phasescope.sources.open import SPEC_HELP, open_source
+
+DEFAULT_INTERVAL_S = 1.0
+PROGRESS_EVERY_S = 0.25
+
+
+def default_output(now: float | None = None) -> Path:
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%dT%H%M%SZ")
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
+    return Path(f"phasescope-{host}-{stamp}.parquet")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class _Progress:
+    """One self-rewriting line on a terminal; silent when stderr is not one (logs, pipes, tests)."""
+
+    def __init__(self, writer: RecordingWriter, enabled: bool) -> None:
+        self.writer = writer
+        self.enabled = enabled and sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def update(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < PROGRESS_EVERY_S):
+            return
+        self._last = now
+        w = self.writer
+        missing = ",".join(w.missing_signals()) or "none"
+        line = (
+            f"recording {_clock(now - self.started)}  {w.ticks} ticks  {w.rows} samples  "
+            f"{len(w.devices)} devices  {_size(w.bytes_on_disk())}  missing: {missing}"
+        )
+        sys.stderr.write("\r" + line + "\x1b[K")
+        sys.stderr.flush()
+
+    def say(self, line: str) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+        click.echo(f"phasescope: {line}", err=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _summary(manifest: dict[str, Any], path: Path) -> str:
+    size = path.stat().st_size if path.exists() else 0
+    missing = ", ".join(s for s in manifest.get("missing_signals", []) if s in PAPER_SIGNALS) or "none"
+    return (
+        f"recorded {manifest['rows']} samples of {len(manifest['devices'])} device(s) over "
+        f"{manifest['duration_s']:.1f} s to {path} ({_size(size)}); manifest {manifest_path_for(path).name}; "
+        f"paper signals never seen: {missing}"
+    )
+
+
+@click.command("record")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Parquet file to write [default: phasescope-<host>-<utc time>.parquet here].",
+)
+@click.option(
+    "--interval",
+    type=float,
+    default=None,
+    help=f"Seconds between samples [default: {DEFAULT_INTERVAL_S:g}; a replay: its own rate].",
+)
+@click.option(
+    "--duration", type=float, default=None, help="Stop after this many seconds [default: until Ctrl-C]."
+)
+@click.option("--source", "source_spec", default="auto", show_default=True, help=SPEC_HELP)
+@click.option(
+    "--segment",
+    "segment_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds per closed Parquet segment while recording.",
+)
+@click.option(
+    "--recover",
+    "recover",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Finalise the FILE.partial/ directory a crashed recorder left, then exit.",
+)
+@click.option("--quiet", is_flag=True, help="No progress line.")
+def command(
+    output: Path | None,
+    interval: float | None,
+    duration: float | None,
+    source_spec: str,
+    segment_s: float,
+    recover: Path | None,
+    quiet: bool,
+) -> None:
+    """Record telemetry to Parquet (+ FILE.manifest.json), crash-safe: a kill -9 loses at most ~1 s."""
+    if recover is not None:
+        manifest = finalize(recover)
+        final = recover.with_name(recover.name[: -len(".partial")])
+        click.echo(f"phasescope: {_summary(manifest, final)}", err=True)
+        return
+    if interval is not None and not interval >= MIN_INTERVAL_S:
+        raise click.BadParameter(f"expected at least {MIN_INTERVAL_S} s", param_hint="--interval")
+    if duration is not None and not duration > 0:
+        raise click.BadParameter("expected a positive number of seconds", param_hint="--duration")
+    if not segment_s > 0:
+        raise click.BadParameter("expected a positive number of seconds", param_hint="--segment")
+    path = output or default_output()
+
+    source = open_source(source_spec)
+    try:
+        if interval is None:
+            from phasescope.sources.replay_live import ReplaySource
+
+            # A replay is sampled at its own recorded rate (times the speed), within the sampler's limit.
+            interval = (
+                max(MIN_INTERVAL_S, source.interval_s)
+                if isinstance(source, ReplaySource)
+                else DEFAULT_INTERVAL_S
+            )
+        writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
+        _record(source, Sampler(source, interval), writer, duration, not quiet, path)
+    finally:
+        source.close()
+
+
+def _record(
+    source: Any, sampler: Any, writer: RecordingWriter, duration: float | None, progress_on: bool, path: Path
+) -> None:
+    progress = _Progress(writer, progress_on)
+    stop = threading.Event()
+
+    def on_tick(batch: TickBatch) -> None:
+        if getattr(source, "exhausted", False):  # a replay without loop has played to its end
+            stop.set()
+            return
+        for event in batch.events:
+            progress.say(event)
+        writer.write(batch)
+        progress.update()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        # A second Ctrl-C interrupts at once; the partial directory stays recoverable.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if in_main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    progress.say(
+        f"recording to {path} (every {sampler_interval(sampler):g} s; Ctrl-C to stop; "
+        f"in progress: {partial_dir_for(path).name}/)"
+    )
+    try:
+        sampler.run(on_tick, duration=duration, stop=stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        progress.update(force=True)
+        progress.done()
+        writer.note_errors(source.error_counts())
+        if writer.ticks == 0:
+            writer.discard()
+            raise SourceError("nothing recorded: stopped before the first sample")
+        manifest = writer.close()
+    click.echo(f"phasescope: {_summary(manifest, path)}", err=True)
+
+
+def sampler_interval(sampler: Any) -> float:
+    return float(getattr(sampler, "interval_s", getattr(sampler, "interval", 0.0)) or 0.0)

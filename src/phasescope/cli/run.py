@@ -1,0 +1,205 @@
+"""`phasescope run -- CMD ...`: run a program with PyTorch hooks injected and its device watched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+import numpy as np
+from rich.console import Console
+
+from phasescope.errors import PhasescopeError
+from phasescope.instrument.analysis import summarize
+from phasescope.instrument.events import load_events
+from phasescope.instrument.inject import child_env
+from phasescope.instrument.run_report import print_summary, render_html
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class CommandNotFound(PhasescopeError):
+    exit_code = 127
+
+
+class DeviceWatch:
+    """Samples `--source` on a thread while the command runs; a failure becomes a note, never an error."""
+
+    def __init__(self, spec: str, interval: float) -> None:
+        self.spec = spec
+        self.interval = interval
+        self.stop = threading.Event()
+        self.times: list[float] = []
+        self.values: list[np.ndarray] = []
+        self.devices: list[Any] = []
+        self.notes: list[str] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.spec == "none":
+            return
+        self._thread = threading.Thread(target=self._run, name="phasescope-watch", daemon=True)
+        self._thread.start()
+
+    def _on_tick(self, tick: Any) -> None:
+        if not self.devices:
+            self.devices = list(tick.devices)
+        if [d.uuid for d in tick.devices] == [d.uuid for d in self.devices]:
+            self.times.append(float(tick.time))
+            self.values.append(np.asarray(tick.values, dtype=np.float64))
+
+    def _run(self) -> None:
+        try:
+            from phasescope.sampler import Sampler
+            from phasescope.sources.open import open_source
+        except ImportError as exc:
+            self.notes.append(f"device not watched: {exc}")
+            return
+        try:
+            source = open_source(self.spec)
+        except Exception as exc:  # an unusable source must not stop the user's program
+            self.notes.append(f"device not watched: {exc}")
+            return
+        try:
+            Sampler(source, self.interval).run(self._on_tick, duration=None, stop=self.stop)
+        except Exception as exc:
+            self.notes.append(f"device watch stopped: {type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                source.close()
+
+    def finish(self) -> dict[str, Any]:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if not self.values:
+            return {"source": self.spec, "devices": []}
+        from phasescope.sources.base import SIGNAL_COLUMN
+
+        t = np.asarray(self.times)
+        v = np.stack(self.values)  # (ticks, devices, signals)
+        out = []
+        for i, dev in enumerate(self.devices):
+            col = v[:, i, :]
+
+            def stat(name: str, fn: Any, c: np.ndarray = col) -> float | None:
+                x = c[:, SIGNAL_COLUMN[name]]
+                x = x[np.isfinite(x)]
+                return float(fn(x)) if x.size else None
+
+            power = col[:, SIGNAL_COLUMN["power"]]
+            ok = np.isfinite(power)
+            p_ok, t_ok = power[ok], t[ok]
+            energy = float(np.sum(0.5 * (p_ok[1:] + p_ok[:-1]) * np.diff(t_ok))) if p_ok.size > 1 else None
+            out.append({"uuid": dev.uuid, "name": dev.name, "samples": int(t.size),
+                        "gpu_util_mean": stat("gpu_util", np.mean), "mem_used_max": stat("mem_used", np.max),
+                        "power_mean": stat("power", np.mean), "energy_j": energy})
+        return {"source": self.spec, "interval_s": self.interval, "devices": out}
+
+
+def _tty_foreground() -> bool:
+    """True when we are the terminal's foreground group: a Ctrl-C from it already reached the child too."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, float, float]:
+    """Run `cmd` with the hooks injected; forward signals; return (exit code, start, end) in wall time."""
+    env = child_env(events_dir, flush_s=flush_s)
+    start = time.time()
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except FileNotFoundError:
+        raise CommandNotFound(f"{cmd[0]}: command not found") from None
+    except PermissionError:
+        raise CommandNotFound(f"{cmd[0]}: permission denied") from None
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _tty_foreground():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {}
+    for sig in _FORWARDED:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: cannot forward
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    # Killed by a signal: the shell's convention, 128 + N.
+    return (128 - code if code < 0 else code), start, time.time()
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="HTML report to write (default: phasescope-run-<time>.html here; '-' for none).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
+@click.option("--interval", type=float, default=1.0, show_default=True,
+              help="Device sampling interval, seconds.")
+@click.option("--source", default="auto", show_default=True,
+              help="Device to watch: auto, nvml, host, replay:PATH, or none.")
+@click.option("--events", "events_path", type=click.Path(file_okay=False),
+              help="Keep the raw hook events in this directory (default: a temporary one).")
+@click.option("--idle-gap", type=float, default=10.0, show_default=True,
+              help="A pause longer than this (seconds) between forwards is an idle segment.")
+@click.option("--quiet", is_flag=True, help="Do not print the summary.")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(report_path: str | None, json_path: str | None, interval: float, source: str,
+            events_path: str | None, idle_gap: float, quiet: bool, cmd: tuple[str, ...]) -> None:
+    """Run CMD with PyTorch hooks injected and the device watched; print and write its phases and KPIs.
+
+    Example: phasescope run --json run.json -- python train.py --epochs 1
+    """
+    watch = DeviceWatch(source, interval)
+    with contextlib.ExitStack() as stack:
+        if events_path:
+            events_dir = Path(events_path)
+            events_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            events_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="phasescope-run-")))
+        watch.start()
+        code, start, end = run_command(list(cmd), events_dir, flush_s=max(0.5, interval * 2))
+        telemetry = watch.finish()
+        notes = list(watch.notes)
+        try:
+            doc: dict[str, Any] = summarize(load_events(events_dir), idle_gap_s=idle_gap)
+        except Exception as exc:  # the command's exit code must survive a bad or partial event log
+            notes.append(f"hook events not summarised: {type(exc).__name__}: {exc}")
+            doc = summarize([], idle_gap_s=idle_gap)
+    if not doc["processes"]:
+        notes.append("no PyTorch forward or optimizer step was seen; is phasescope importable by the "
+                     "command's "
+                     "Python, and does it import torch?")
+    doc.update(command=list(cmd), exit_code=code, start=start, end=end, duration_s=end - start,
+               telemetry=telemetry, notes=notes)
+    if not quiet:
+        print_summary(doc, Console(stderr=True))
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    if report_path != "-":
+        path = Path(report_path or time.strftime("phasescope-run-%Y%m%d-%H%M%S.html", time.localtime(start)))
+        path.write_text(render_html(doc))
+        if not quiet:
+            click.echo(f"report: {path}", err=True)
+    sys.exit(code)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

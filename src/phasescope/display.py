@@ -1,0 +1,113 @@
+"""Text formatting shared by every human-facing view (TUI, plain tables): values, units, sparklines.
+
+Missing is NaN everywhere in phasescope; here it becomes the one visible mark MISSING ("–"), never a 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from phasescope.schema import SIGNALS, FloatArray
+
+MISSING = "–"  # en dash: what a view shows for a value the source did not give
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def fmt_ratio(value: float | None) -> str:
+    return f"{value * 100:.0f}%" if _finite(value) else MISSING  # type: ignore[operator]
+
+
+def fmt_bytes(value: float | None) -> str:
+    """Binary units, as nvidia-smi and top show memory."""
+    if not _finite(value):
+        return MISSING
+    v = float(value)  # type: ignore[arg-type]
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024.0 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit in ("B", "KiB") else f"{v:.1f} {unit}"
+        v /= 1024.0
+    return MISSING  # unreachable; keeps mypy happy
+
+
+def fmt_rate(value: float | None) -> str:
+    """Throughput in decimal units (PCIe, NVLink are specified that way)."""
+    if not _finite(value):
+        return MISSING
+    v = float(value)  # type: ignore[arg-type]
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if abs(v) < 1000.0 or unit == "GB/s":
+            return f"{v:.0f} {unit}" if unit in ("B/s", "kB/s") else f"{v:.1f} {unit}"
+        v /= 1000.0
+    return MISSING
+
+
+def fmt_watts(value: float | None) -> str:
+    return f"{value:.0f} W" if _finite(value) else MISSING
+
+
+def fmt_celsius(value: float | None) -> str:
+    return f"{value:.0f}°C" if _finite(value) else MISSING
+
+
+def fmt_hertz(value: float | None) -> str:
+    return f"{value / 1e6:.0f} MHz" if _finite(value) else MISSING  # type: ignore[operator]
+
+
+def fmt_count(value: float | None) -> str:
+    return f"{value:.0f}" if _finite(value) else MISSING
+
+
+def fmt_bitmask(value: float | None) -> str:
+    return f"0x{int(value):x}" if _finite(value) else MISSING  # type: ignore[arg-type]
+
+
+_BY_UNIT = {
+    "ratio": fmt_ratio,
+    "bytes": fmt_bytes,
+    "bytes_per_second": fmt_rate,
+    "watts": fmt_watts,
+    "celsius": fmt_celsius,
+    "hertz": fmt_hertz,
+    "joules": lambda v: f"{v / 1e3:.1f} kJ" if _finite(v) else MISSING,
+    "bitmask": fmt_bitmask,
+}
+
+
+def fmt_signal(signal: str, value: float | None) -> str:
+    """Format a value in the base unit schema.py gives `signal`."""
+    return _BY_UNIT[SIGNALS[signal].unit](value)
+
+
+def fmt_pair(a: str, b: str) -> str:
+    """'a / b', or the one missing mark when both are missing."""
+    return MISSING if a == MISSING and b == MISSING else f"{a} / {b}"
+
+
+def sparkline(values: FloatArray, width: int, lo: float | None = None, hi: float | None = None) -> str:
+    """The last `width` values as block characters; a missing sample is a blank, the padding is too.
+
+    `lo`/`hi` fix the scale (e.g. 0..1 for a ratio, 0..power limit); by default the finite range is used.
+    """
+    if width <= 0:
+        return ""
+    tail = np.asarray(values, dtype=np.float64)[-width:]
+    pad = " " * (width - tail.size)
+    finite = np.isfinite(tail)
+    if not finite.any():
+        return pad + " " * tail.size
+    low = float(np.min(tail[finite])) if lo is None else lo
+    high = float(np.max(tail[finite])) if hi is None else hi
+    span = high - low
+    if span <= 0:
+        # A flat line: draw it at the bottom for 0-ish values, mid-height otherwise.
+        level = np.where(finite, 0 if abs(low) < 1e-12 else 3, -1)
+    else:
+        scaled = np.clip((np.where(finite, tail, low) - low) / span, 0.0, 1.0)
+        level = np.where(finite, np.minimum((scaled * len(_BLOCKS)).astype(int), len(_BLOCKS) - 1), -1)
+    return pad + "".join(_BLOCKS[i] if i >= 0 else " " for i in level.tolist())

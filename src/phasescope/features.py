@@ -1,0 +1,592 @@
+"""Window features for the phase classifier, computed for all windows of a trace at once.
+
+Pipeline: resample the trace onto a regular grid (NaN where there was no sample), cut the grid into
+overlapping windows with `sliding_window_view` (a view, no copy), then reduce every window with
+array operations along axis 1. There is no per-window Python loop.
+
+Every feature depends on a known set of signals (`FEATURE_SIGNALS`); a feature whose signals are
+missing is NaN, so callers can tell "absent" from "zero". Features that need the device's limits
+(power limit, total memory, maximum clocks) take them from the trace, else from `KNOWN_GPUS`, else
+they are NaN.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from phasescope.schema import FloatArray, Trace
+
+GIB_BYTES = 1024.0**3
+
+# name pattern -> (power limit W, memory bytes, max SM clock Hz, max memory clock Hz).
+# Board defaults from vendor datasheets; used only when the trace itself lacks the limit.
+_KNOWN: list[tuple[str, tuple[float, float, float, float]]] = [
+    (r"h200", (700.0, 141e9, 1980e6, 3201e6)),
+    (r"h100.*pcie", (350.0, 80 * GIB_BYTES, 1755e6, 1593e6)),
+    (r"h100", (700.0, 80 * GIB_BYTES, 1980e6, 2619e6)),
+    (r"a100.*80", (400.0, 80 * GIB_BYTES, 1410e6, 1593e6)),
+    (r"a100.*pcie", (250.0, 40 * GIB_BYTES, 1410e6, 1215e6)),
+    (r"a100", (400.0, 40 * GIB_BYTES, 1410e6, 1215e6)),
+    (r"l40s", (350.0, 48 * GIB_BYTES, 2520e6, 9001e6)),
+    (r"\bl4\b", (72.0, 24 * GIB_BYTES, 2040e6, 6251e6)),
+    (r"\ba10g\b", (300.0, 24 * GIB_BYTES, 1710e6, 6251e6)),
+    (r"\ba10\b", (150.0, 24 * GIB_BYTES, 1695e6, 6251e6)),
+    (r"\bt4\b", (70.0, 16 * GIB_BYTES, 1590e6, 5001e6)),
+    (r"v100.*32", (300.0, 32 * GIB_BYTES, 1530e6, 877e6)),
+    (r"v100", (300.0, 16 * GIB_BYTES, 1530e6, 877e6)),
+    (r"(rtx ?)?4090", (450.0, 24 * GIB_BYTES, 3105e6, 10501e6)),
+    (r"(rtx ?)?3090", (350.0, 24 * GIB_BYTES, 2100e6, 9751e6)),
+]
+KNOWN_GPUS: dict[str, tuple[float, float, float, float]] = dict(_KNOWN)
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    power_limit: float = float("nan")  # watts
+    mem_total: float = float("nan")  # bytes
+    max_sm_clock: float = float("nan")  # hertz
+    max_mem_clock: float = float("nan")  # hertz
+
+
+def lookup_gpu(name: str) -> DeviceLimits:
+    """Limits of a known GPU model by (loose) name, e.g. "NVIDIA GeForce RTX 3090" or "A100-SXM4-40GB"."""
+    key = name.lower().replace("-", " ").replace("_", " ")
+    for pattern, (pw, mem, sm, mc) in _KNOWN:
+        if re.search(pattern, key):
+            return DeviceLimits(pw, mem, sm, mc)
+    return DeviceLimits()
+
+
+def device_limits(trace: Trace, use_table: bool = True) -> DeviceLimits:
+    """Limits from the trace's own columns first, then the known-model table (by name or meta hint)."""
+    table = DeviceLimits()
+    if use_table:
+        name = trace.device.name or str(trace.meta.get("gpu_model", ""))
+        table = lookup_gpu(name) if name else DeviceLimits()
+
+    def col(name: str) -> float:
+        if trace.has(name):
+            return float(np.nanmedian(trace.columns[name]))
+        return float("nan")
+
+    power = col("power_limit")
+    mem = col("mem_total")
+    return DeviceLimits(
+        power_limit=power if np.isfinite(power) and power > 0 else table.power_limit,
+        mem_total=mem if np.isfinite(mem) and mem > 0 else table.mem_total,
+        max_sm_clock=table.max_sm_clock,
+        max_mem_clock=table.max_mem_clock,
+    )
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    window_s: float = 30.0
+    stride_s: float = 15.0
+    # A window needs this many grid points holding data (of the core signals) to be judged at all.
+    min_samples: int = 8
+    # ... and this share of its grid points holding data.
+    min_coverage: float = 0.5
+    # At coarse rates, widen the window (and stride) so that it can hold `min_samples` points.
+    adapt_to_rate: bool = True
+    # Caps on "seconds since" features, so that a long live trace looks like the runs the model saw.
+    plateau_cap_s: float = 120.0
+
+
+# feature name -> signals it reads. "limits" features also need the device limits (else NaN).
+FEATURE_SIGNALS: dict[str, tuple[str, ...]] = {}
+LIMIT_FEATURES: set[str] = set()
+
+
+def _reg(names: list[str], signals: tuple[str, ...], needs_limits: bool = False) -> None:
+    for n in names:
+        FEATURE_SIGNALS[n] = signals
+        if needs_limits:
+            LIMIT_FEATURES.add(n)
+
+
+_reg(
+    [
+        "util_mean",
+        "util_std",
+        "util_p10",
+        "util_p50",
+        "util_p90",
+        "util_max",
+        "util_duty",
+        "util_high",
+        "util_transitions_per_min",
+        "util_ac_1s",
+        "util_ac_5s",
+        "util_acf_peak",
+        "util_acf_peak_lag_s",
+        "util_spectral_entropy",
+        "util_burst_len_s",
+    ],
+    ("gpu_util",),
+)
+_reg(["memutil_mean", "memutil_std", "memutil_p90", "memutil_ac_1s"], ("mem_util",))
+_reg(["memutil_per_util"], ("mem_util", "gpu_util"))
+_reg(
+    [
+        "power_cv",
+        "power_ac_1s",
+        "power_ac_5s",
+        "power_acf_peak",
+        "power_spectral_entropy",
+        "power_rel_range",
+        "power_above_floor",
+    ],
+    ("power",),
+)
+_reg(["power_frac_mean", "power_frac_p90", "power_frac_std"], ("power",), needs_limits=True)
+_reg(
+    ["mem_gib", "mem_cv", "mem_slope_gib_per_min", "mem_rise_gib", "mem_plateau_s", "mem_changes_per_min"],
+    ("mem_used",),
+)
+_reg(["mem_frac", "mem_rise_frac"], ("mem_used",), needs_limits=True)
+_reg(["corr_power_memutil"], ("power", "mem_util"))
+_reg(["corr_power_util"], ("power", "gpu_util"))
+_reg(["corr_util_memutil"], ("gpu_util", "mem_util"))
+_reg(["corr_power_mem"], ("power", "mem_used"))
+_reg(["corr_util_mem"], ("gpu_util", "mem_used"))
+_reg(["temp_slope_per_min", "temp_std"], ("temperature",))
+_reg(["sm_clock_cv", "sm_clock_ac_1s"], ("sm_clock",))
+_reg(["sm_clock_frac", "sm_clock_frac_min"], ("sm_clock",), needs_limits=True)
+_reg(["mem_clock_frac"], ("mem_clock",), needs_limits=True)
+_reg(["mem_clock_cv"], ("mem_clock",))
+_reg(
+    ["pcie_rx_log", "pcie_tx_log", "pcie_rx_cv", "pcie_tx_cv", "pcie_rx_tx_log_ratio", "pcie_rx_burst"],
+    ("pcie_rx", "pcie_tx"),
+)
+
+FEATURE_NAMES: tuple[str, ...] = tuple(FEATURE_SIGNALS)
+
+# The signals whose coverage decides whether a window has enough data (any one of them suffices).
+CORE_SIGNALS: tuple[str, ...] = ("gpu_util", "power", "mem_used", "mem_util")
+
+
+@dataclass
+class WindowFeatures:
+    """Features for every window of one trace."""
+
+    start: FloatArray  # window start, seconds (trace clock)
+    end: FloatArray
+    values: FloatArray  # (n_windows, n_features), NaN where a feature's signals are missing
+    names: tuple[str, ...]
+    n_samples: np.ndarray  # grid points with data, per window
+    sufficient: np.ndarray  # bool: enough coverage to be judged
+    interval_s: float  # grid spacing (median sample interval)
+    window_samples: int
+    present_signals: list[str]
+
+    def column(self, name: str) -> FloatArray:
+        return self.values[:, self.names.index(name)]
+
+
+# --------------------------------------------------------------------------------------------
+# Resampling
+
+
+def sample_interval(time: FloatArray) -> float:
+    """Median positive spacing of the time column; NaN if it cannot be told."""
+    if time.size < 2:
+        return float("nan")
+    d = np.diff(time)
+    d = d[d > 0]
+    return float(np.median(d)) if d.size else float("nan")
+
+
+def resample(trace: Trace, interval_s: float, signals: Sequence[str]) -> tuple[float, dict[str, FloatArray]]:
+    """Average samples into bins of `interval_s` on a grid from the first sample; NaN for empty bins."""
+    t = trace.time
+    t0 = float(t[0])
+    idx = np.floor((t - t0) / interval_s + 0.5).astype(np.int64)
+    n = int(idx[-1]) + 1 if idx.size else 0
+    out: dict[str, FloatArray] = {}
+    for s in signals:
+        v = trace[s]
+        ok = np.isfinite(v)
+        total = np.bincount(idx[ok], weights=v[ok], minlength=n)
+        count = np.bincount(idx[ok], minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[s] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return t0, out
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorised reductions over the rows of a (n_windows, w) array holding NaN for missing points.
+
+
+def _count(x: FloatArray) -> np.ndarray:
+    return np.isfinite(x).sum(axis=1)
+
+
+def _mean(x: FloatArray) -> FloatArray:
+    n = _count(x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, np.nansum(x, axis=1) / np.maximum(n, 1), np.nan)
+
+
+def _std(x: FloatArray) -> FloatArray:
+    m = _mean(x)
+    n = _count(x)
+    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, np.sqrt((d * d).sum(axis=1) / np.maximum(n, 1)), np.nan)
+
+
+def _quantiles(x: FloatArray, qs: list[float]) -> list[FloatArray]:
+    """Linear-interpolated quantiles per row, ignoring NaN (same definition as np.nanpercentile)."""
+    s = np.sort(x, axis=1)  # NaN sort to the end
+    n = _count(x)
+    out = []
+    rows = np.arange(x.shape[0])
+    for q in qs:
+        pos = (n - 1).clip(min=0) * q
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+        frac = pos - lo
+        v = s[rows, lo] * (1 - frac) + s[rows, hi] * frac
+        out.append(np.where(n > 0, v, np.nan))
+    return out
+
+
+def _frac(cond: np.ndarray, x: FloatArray) -> FloatArray:
+    n = _count(x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (cond & np.isfinite(x)).sum(axis=1) / np.maximum(n, 1), np.nan)
+
+
+def _lag_corr(x: FloatArray, lag: int) -> FloatArray:
+    """Autocorrelation at `lag` grid points, over the pairs where both points exist."""
+    if lag <= 0 or lag >= x.shape[1]:
+        return np.full(x.shape[0], np.nan)
+    return _corr(x[:, :-lag], x[:, lag:])
+
+
+def _corr(a: FloatArray, b: FloatArray) -> FloatArray:
+    """Pearson correlation per row over the positions where both are finite; 0 if either is constant."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    n = ok.sum(axis=1)
+    a0 = np.where(ok, a, 0.0)
+    b0 = np.where(ok, b, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ma = a0.sum(axis=1) / np.maximum(n, 1)
+        mb = b0.sum(axis=1) / np.maximum(n, 1)
+        da = np.where(ok, a - ma[:, None], 0.0)
+        db = np.where(ok, b - mb[:, None], 0.0)
+        cov = (da * db).sum(axis=1)
+        va = (da * da).sum(axis=1)
+        vb = (db * db).sum(axis=1)
+        den = np.sqrt(va * vb)
+        r = np.where(den > 1e-12, cov / np.where(den > 0, den, 1.0), 0.0)
+    return np.where(n >= 3, r, np.nan)
+
+
+def _acf_fft(x: FloatArray) -> FloatArray:
+    """Normalised autocorrelation for all lags of every row (missing points count as the row mean)."""
+    m = _mean(x)
+    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
+    w = x.shape[1]
+    f = np.fft.rfft(d, n=2 * w, axis=1)
+    ac = np.fft.irfft(f * np.conj(f), n=2 * w, axis=1)[:, :w]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ac[:, :1] > 1e-12, ac / np.where(ac[:, :1] > 0, ac[:, :1], 1.0), 0.0)
+
+
+def _periodicity(x: FloatArray, dt: float) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Strongest autocorrelation peak (lags 2 .. half the window), its lag in seconds, spectral entropy."""
+    w = x.shape[1]
+    nan = np.full(x.shape[0], np.nan)
+    if w < 6:
+        return nan, nan, nan
+    acf = _acf_fft(x)[:, 2 : w // 2 + 1]
+    peak = acf.max(axis=1)
+    lag_s = (acf.argmax(axis=1) + 2) * dt
+    m = _mean(x)
+    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
+    p = np.abs(np.fft.rfft(d, axis=1))[:, 1:] ** 2
+    tot = p.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pn = np.where(tot > 1e-18, p / np.where(tot > 0, tot, 1.0), 0.0)
+        ent = -(pn * np.log(np.where(pn > 0, pn, 1.0))).sum(axis=1) / np.log(max(p.shape[1], 2))
+    flat = tot[:, 0] <= 1e-18
+    valid = _count(x) >= 6
+    return (
+        np.where(valid & ~flat, peak, np.where(valid, 0.0, np.nan)),
+        np.where(valid & ~flat, lag_s, np.nan),
+        np.where(valid, np.where(flat, 0.0, ent), np.nan),
+    )
+
+
+def _slope(x: FloatArray, dt: float) -> FloatArray:
+    """Least-squares slope per row, in units per second."""
+    w = x.shape[1]
+    t = np.arange(w, dtype=np.float64) * dt
+    ok = np.isfinite(x)
+    n = ok.sum(axis=1)
+    tt = np.where(ok, t[None, :], 0.0)
+    xx = np.where(ok, x, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mt = tt.sum(axis=1) / np.maximum(n, 1)
+        mx = xx.sum(axis=1) / np.maximum(n, 1)
+        dtm = np.where(ok, t[None, :] - mt[:, None], 0.0)
+        num = (dtm * np.where(ok, x - mx[:, None], 0.0)).sum(axis=1)
+        den = (dtm * dtm).sum(axis=1)
+        return np.where((n >= 2) & (den > 0), num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _transitions(busy: np.ndarray, x: FloatArray) -> FloatArray:
+    """Count of busy/not-busy changes between consecutive existing points."""
+    ok = np.isfinite(x)
+    pair = ok[:, 1:] & ok[:, :-1]
+    return ((busy[:, 1:] != busy[:, :-1]) & pair).sum(axis=1).astype(np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _windows(grid: FloatArray, w: int, step: int) -> FloatArray:
+    return sliding_window_view(grid, w)[::step]
+
+
+def window_features(
+    trace: Trace,
+    config: WindowConfig | None = None,
+    limits: DeviceLimits | None = None,
+    use_table: bool = True,
+) -> WindowFeatures:
+    """All features for all windows of `trace` (see module docstring)."""
+    cfg = config or WindowConfig()
+    lim = limits or device_limits(trace, use_table=use_table)
+    present = trace.present_signals()
+    empty = WindowFeatures(
+        np.zeros(0),
+        np.zeros(0),
+        np.zeros((0, len(FEATURE_NAMES))),
+        FEATURE_NAMES,
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0, dtype=bool),
+        float("nan"),
+        0,
+        present,
+    )
+    if len(trace) == 0:
+        return empty
+    order = np.argsort(trace.time, kind="stable")
+    if np.any(np.diff(order) < 0):
+        trace = trace.take(order)
+    dt = sample_interval(trace.time)
+    if not np.isfinite(dt):
+        dt = 1.0  # a single sample: any grid will do; the window will be marked insufficient
+    used = [
+        s
+        for s in (
+            "gpu_util",
+            "mem_util",
+            "mem_used",
+            "power",
+            "temperature",
+            "sm_clock",
+            "mem_clock",
+            "pcie_tx",
+            "pcie_rx",
+        )
+        if s in present
+    ]
+    t0, grid = resample(trace, dt, used)
+    n_grid = int(np.floor((trace.time[-1] - t0) / dt + 0.5)) + 1
+    w = max(1, round(cfg.window_s / dt))
+    step = max(1, round(cfg.stride_s / dt))
+    if cfg.adapt_to_rate and w < cfg.min_samples:
+        step = max(1, round(cfg.min_samples * cfg.stride_s / cfg.window_s))
+        w = cfg.min_samples
+    if n_grid < w:
+        w = n_grid  # a trace shorter than one window: one (short) window over all of it
+    n_win = (n_grid - w) // step + 1
+    nan_grid = np.full(n_grid, np.nan)
+
+    def W(s: str) -> FloatArray:
+        return _windows(grid.get(s, nan_grid), w, step)
+
+    starts: FloatArray = t0 + np.arange(n_win, dtype=np.float64) * step * dt
+    ends: FloatArray = starts + (w - 1) * dt
+    cols: dict[str, FloatArray] = {}
+    nanv = np.full(n_win, np.nan)
+
+    # Coverage: grid points where any core signal exists.
+    core = np.zeros(n_grid, dtype=bool)
+    for s in CORE_SIGNALS:
+        if s in grid:
+            core |= np.isfinite(grid[s])
+    n_samples = _windows(core.astype(np.float64), w, step).sum(axis=1).astype(np.int64)
+    sufficient = (n_samples >= cfg.min_samples) & (n_samples >= cfg.min_coverage * w)
+
+    lag1 = round(1.0 / dt)
+    lag5 = round(5.0 / dt)
+    minutes = w * dt / 60.0
+
+    if "gpu_util" in grid:
+        u = W("gpu_util")
+        cols["util_mean"] = _mean(u)
+        cols["util_std"] = _std(u)
+        cols["util_p10"], cols["util_p50"], cols["util_p90"] = _quantiles(u, [0.1, 0.5, 0.9])
+        cols["util_max"] = np.where(
+            _count(u) > 0, np.nanmax(np.where(np.isfinite(u), u, -np.inf), axis=1), np.nan
+        )
+        busy = u > 0.05
+        cols["util_duty"] = _frac(busy, u)
+        cols["util_high"] = _frac(u > 0.9, u)
+        trans = _transitions(busy, u)
+        cols["util_transitions_per_min"] = np.where(_count(u) > 1, trans / minutes, np.nan)
+        cols["util_ac_1s"] = _lag_corr(u, lag1)
+        cols["util_ac_5s"] = _lag_corr(u, lag5)
+        cols["util_acf_peak"], cols["util_acf_peak_lag_s"], cols["util_spectral_entropy"] = _periodicity(
+            u, dt
+        )
+        # Mean length of a busy run, in seconds: busy time over number of busy starts.
+        starts_busy = (busy[:, 1:] & ~busy[:, :-1]).sum(axis=1) + busy[:, 0]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["util_burst_len_s"] = np.where(
+                starts_busy > 0, busy.sum(axis=1) * dt / np.maximum(starts_busy, 1), 0.0
+            )
+        cols["util_burst_len_s"] = np.where(_count(u) > 0, cols["util_burst_len_s"], np.nan)
+    if "mem_util" in grid:
+        mu = W("mem_util")
+        cols["memutil_mean"] = _mean(mu)
+        cols["memutil_std"] = _std(mu)
+        (cols["memutil_p90"],) = _quantiles(mu, [0.9])
+        cols["memutil_ac_1s"] = _lag_corr(mu, lag1)
+        if "gpu_util" in grid:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cols["memutil_per_util"] = np.where(
+                    cols["util_mean"] > 0.02, cols["memutil_mean"] / np.maximum(cols["util_mean"], 1e-9), 0.0
+                )
+            cols["memutil_per_util"] = np.where(
+                np.isfinite(cols["util_mean"] + cols["memutil_mean"]), cols["memutil_per_util"], np.nan
+            )
+    if "power" in grid:
+        pw = W("power")
+        pm = _mean(pw)
+        ps = _std(pw)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["power_cv"] = ps / np.where(pm > 0, pm, np.nan)
+            p10, p90 = _quantiles(pw, [0.1, 0.9])
+            cols["power_rel_range"] = (p90 - p10) / np.where(pm > 0, pm, np.nan)
+            # Power over the trace's lowest level so far (a causal floor): idle boards sit at the floor.
+            floor = np.fmin.accumulate(np.where(np.isfinite(grid["power"]), grid["power"], np.inf))
+            floor_at = floor[np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)]
+            floor_at = np.where(np.isfinite(floor_at), floor_at, np.nan)
+            cols["power_above_floor"] = pm / np.where(floor_at > 0, floor_at, np.nan)
+        cols["power_ac_1s"] = _lag_corr(pw, lag1)
+        cols["power_ac_5s"] = _lag_corr(pw, lag5)
+        cols["power_acf_peak"], _, cols["power_spectral_entropy"] = _periodicity(pw, dt)
+        if np.isfinite(lim.power_limit):
+            cols["power_frac_mean"] = pm / lim.power_limit
+            cols["power_frac_p90"] = p90 / lim.power_limit
+            cols["power_frac_std"] = ps / lim.power_limit
+    if "mem_used" in grid:
+        mg = grid["mem_used"]
+        mw = W("mem_used")
+        mm = _mean(mw)
+        cols["mem_gib"] = mm / GIB_BYTES
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["mem_cv"] = _std(mw) / np.where(mm > 0, mm, np.nan)
+        cols["mem_slope_gib_per_min"] = _slope(mw, dt) * 60.0 / GIB_BYTES
+        # Memory above the lowest level seen since the trace (device or process) started: the ramp.
+        base = np.fmin.accumulate(np.where(np.isfinite(mg), mg, np.inf))
+        end_idx = np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)
+        base_at = np.where(np.isfinite(base[end_idx]), base[end_idx], np.nan)
+        cols["mem_rise_gib"] = (mm - base_at) / GIB_BYTES
+        # Seconds since memory last moved by more than 1% (of the total, or 0.25 GiB when unknown).
+        thr = 0.01 * lim.mem_total if np.isfinite(lim.mem_total) else 0.25 * GIB_BYTES
+        filled = _ffill(mg)
+        moved = np.zeros(n_grid, dtype=bool)
+        moved[1:] = np.abs(np.diff(filled)) > thr
+        moved[0] = True
+        last = np.maximum.accumulate(np.where(moved, np.arange(n_grid), 0))
+        cols["mem_plateau_s"] = np.minimum((end_idx - last[end_idx]) * dt, cfg.plateau_cap_s)
+        cols["mem_changes_per_min"] = _windows(moved.astype(np.float64), w, step).sum(axis=1) / minutes
+        if np.isfinite(lim.mem_total):
+            cols["mem_frac"] = mm / lim.mem_total
+            cols["mem_rise_frac"] = cols["mem_rise_gib"] * GIB_BYTES / lim.mem_total
+    pairs = {
+        "corr_power_memutil": ("power", "mem_util"),
+        "corr_power_util": ("power", "gpu_util"),
+        "corr_util_memutil": ("gpu_util", "mem_util"),
+        "corr_power_mem": ("power", "mem_used"),
+        "corr_util_mem": ("gpu_util", "mem_used"),
+    }
+    for name, (a, b) in pairs.items():
+        if a in grid and b in grid:
+            cols[name] = _corr(W(a), W(b))
+    if "temperature" in grid:
+        tw = W("temperature")
+        cols["temp_slope_per_min"] = _slope(tw, dt) * 60.0
+        cols["temp_std"] = _std(tw)
+    if "sm_clock" in grid:
+        sw = W("sm_clock")
+        sm = _mean(sw)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["sm_clock_cv"] = _std(sw) / np.where(sm > 0, sm, np.nan)
+        cols["sm_clock_ac_1s"] = _lag_corr(sw, lag1)
+        if np.isfinite(lim.max_sm_clock):
+            cols["sm_clock_frac"] = sm / lim.max_sm_clock
+            (smin,) = _quantiles(sw, [0.0])
+            cols["sm_clock_frac_min"] = smin / lim.max_sm_clock
+    if "mem_clock" in grid:
+        cw = W("mem_clock")
+        cm = _mean(cw)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["mem_clock_cv"] = _std(cw) / np.where(cm > 0, cm, np.nan)
+        if np.isfinite(lim.max_mem_clock):
+            cols["mem_clock_frac"] = cm / lim.max_mem_clock
+    if "pcie_rx" in grid and "pcie_tx" in grid:
+        rx, tx = W("pcie_rx"), W("pcie_tx")
+        rm, tm = _mean(rx), _mean(tx)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["pcie_rx_log"] = np.log10(1.0 + np.maximum(rm, 0))
+            cols["pcie_tx_log"] = np.log10(1.0 + np.maximum(tm, 0))
+            cols["pcie_rx_cv"] = _std(rx) / np.where(rm > 0, rm, np.nan)
+            cols["pcie_tx_cv"] = _std(tx) / np.where(tm > 0, tm, np.nan)
+            cols["pcie_rx_tx_log_ratio"] = cols["pcie_rx_log"] - cols["pcie_tx_log"]
+            (rx90,) = _quantiles(rx, [0.9])
+            cols["pcie_rx_burst"] = rx90 / np.where(rm > 0, rm, np.nan)
+
+    values = np.column_stack([cols.get(n, nanv) for n in FEATURE_NAMES]) if n_win > 0 else empty.values
+    values = np.where(np.isfinite(values), values, np.nan)
+    return WindowFeatures(starts, ends, values, FEATURE_NAMES, n_samples, sufficient, dt, w, present)
+
+
+def _ffill(x: FloatArray) -> FloatArray:
+    """Forward-fill NaN (leading NaN take the first finite value)."""
+    ok = np.isfinite(x)
+    if not ok.any():
+        return x.copy()
+    idx = np.where(ok, np.arange(x.size), 0)
+    np.maximum.accumulate(idx, out=idx)
+    out = x[idx]
+    first = int(np.argmax(ok))
+    out[:first] = x[first]
+    return out
+
+
+def features_for_signals(signals: set[str] | frozenset[str], with_limits: bool = True) -> list[str]:
+    """Names of the features computable from `signals`."""
+    return [
+        n
+        for n, deps in FEATURE_SIGNALS.items()
+        if set(deps) <= set(signals) and (with_limits or n not in LIMIT_FEATURES)
+    ]
+
+
+def describe() -> dict[str, Any]:
+    """Feature name -> signals it reads and whether it needs device limits (for docs and the model card)."""
+    return {n: {"signals": list(s), "needs_limits": n in LIMIT_FEATURES} for n, s in FEATURE_SIGNALS.items()}

@@ -1,0 +1,144 @@
+"""The hook event log: one flat float64 buffer of fixed-width rows, written to disk as .npz chunks.
+
+A row is (kind, t, a, b, c, d, flags). One `array.extend(tuple)` per event keeps the hot path to a single
+C call (atomic under the GIL, so a flushing thread never sees half a row) and allocates no per-event dicts.
+`t` is `time.monotonic()`; each chunk carries the (wall, monotonic) anchor taken when it was written, so
+readers map events to Unix time, the clock telemetry uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from phasescope.errors import InputError
+
+ROW = 7  # kind, t, a, b, c, d, flags
+
+# Event kinds (column 0). Meaning of a, b, c, d per kind:
+FWD_BEGIN = 1.0  # a=root id, b=forward index
+FWD_END = 2.0  # a=root id, b=forward index, c=batch size, d=sequence length (token inputs), flags
+BWD_BEGIN = 3.0  # a=forward index of the first graph reached
+BWD_FWD = 4.0  # a=forward index whose output graph the backward pass reached
+BWD_END = 5.0
+OPT_BEGIN = 6.0  # a=optimizer id, b=step number of that optimizer
+OPT_END = 7.0  # a=optimizer id, b=step number
+FLOP_SAMPLE_BEGIN = 8.0  # a=optimizer id, b=step number the sample covers
+FLOP_SAMPLE_END = 9.0  # a=optimizer id, b=step number
+
+# Bits of `flags` on FWD_END: the autograd and module state the forward ran under.
+GRAD_ENABLED = 1
+INFERENCE_MODE = 2
+MODULE_TRAINING = 4
+TOKEN_INPUT = 8  # first input is an integer tensor of token IDs, shape (batch, seq, ...)
+HAS_GRAPH = 16  # output carries an autograd graph (grad_fn)
+RAISED = 32  # the forward raised an exception
+
+EVENTS_DIR_ENV = "PHASESCOPE_EVENTS_DIR"
+FLUSH_ENV = "PHASESCOPE_FLUSH_S"
+FORMAT = "phasescope-hook-events"
+VERSION = 1
+
+
+def device_for_host() -> str:
+    return f"host:{socket.gethostname()}"
+
+
+class EventBuffer:
+    """Append-only rows in one `array('d')`.
+
+    `take_new()` hands back the complete rows added since the last call and drops them from memory (a flushed
+    log lives on disk, so a long run does not grow); `snapshot()` copies whatever is still held.
+    """
+
+    def __init__(self) -> None:
+        self.buf = array("d")
+
+    def __len__(self) -> int:
+        return len(self.buf) // ROW
+
+    def take_new(self) -> npt.NDArray[np.float64]:
+        end = (len(self.buf) // ROW) * ROW
+        rows = np.array(self.buf[:end], dtype=np.float64)
+        del self.buf[:end]  # one C call under the GIL: rows appended meanwhile stay
+        return rows.reshape(-1, ROW)
+
+    def snapshot(self) -> npt.NDArray[np.float64]:
+        end = (len(self.buf) // ROW) * ROW
+        return np.array(self.buf[:end], dtype=np.float64).reshape(-1, ROW)
+
+    def clear(self) -> None:
+        del self.buf[:]
+
+
+@dataclass
+class ProcessEvents:
+    """All hook events of one process, columnar, plus what the process knew about its modules."""
+
+    pid: int
+    rows: npt.NDArray[np.float64]  # (n, ROW); t in monotonic seconds
+    wall_offset: float  # wall = t + wall_offset
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return str(self.meta.get("device") or device_for_host())
+
+    def column(self, kind: float) -> npt.NDArray[np.float64]:
+        return self.rows[self.rows[:, 0] == kind]
+
+
+def write_chunk(directory: Path, pid: int, seq: int, rows: npt.NDArray[np.float64],
+                meta: dict[str, Any]) -> None:
+    """Write new rows as one .npz chunk and the process's metadata as JSON, both atomically (tmp + rename)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    anchor = np.array([time.time(), time.monotonic()], dtype=np.float64)
+    if rows.size:
+        tmp = directory / f".events-{pid}-{seq:06d}.npz.tmp"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, rows=rows, anchor=anchor)
+        os.replace(tmp, directory / f"events-{pid}-{seq:06d}.npz")
+    doc = {"format": FORMAT, "version": VERSION, "pid": pid, "anchor": anchor.tolist(), **meta}
+    tmpj = directory / f".meta-{pid}.json.tmp"
+    tmpj.write_text(json.dumps(doc))
+    os.replace(tmpj, directory / f"meta-{pid}.json")
+
+
+def load_events(directory: str | Path) -> list[ProcessEvents]:
+    """Read every process's events from an events directory (what `phasescope run` hands the child)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise InputError(root, "events directory", "a directory written by phasescope hooks",
+                         "no such directory")
+    out: list[ProcessEvents] = []
+    for meta_path in sorted(root.glob("meta-*.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(meta_path, "metadata", "JSON written by phasescope hooks", str(exc)) from exc
+        if meta.get("format") != FORMAT:
+            raise InputError(meta_path, "format", FORMAT, meta.get("format"))
+        pid = int(meta["pid"])
+        chunks = []
+        for chunk in sorted(root.glob(f"events-{pid}-*.npz")):
+            try:
+                with np.load(chunk, allow_pickle=False) as z:
+                    rows = np.asarray(z["rows"], dtype=np.float64)
+            except (OSError, ValueError, KeyError) as exc:
+                raise InputError(chunk, "events", "an .npz chunk with a 'rows' array", str(exc)) from exc
+            if rows.ndim != 2 or rows.shape[1] != ROW:
+                raise InputError(chunk, "rows", f"shape (n, {ROW})", rows.shape)
+            chunks.append(rows)
+        rows = np.concatenate(chunks) if chunks else np.empty((0, ROW))
+        anchor = meta.get("anchor") or [time.time(), time.monotonic()]
+        out.append(ProcessEvents(pid, rows, float(anchor[0]) - float(anchor[1]), meta))
+    return out

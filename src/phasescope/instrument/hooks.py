@@ -1,0 +1,439 @@
+"""PyTorch hooks through global, supported APIs; they write rows into an EventBuffer and do O(1) work.
+
+- `register_module_forward_pre_hook`: a per-thread "inside a root call" mark finds the outermost module call
+  (one request, or one training forward); that root's end comes from a forward hook (always_call) which
+  lives on the root module only for the duration of its call.
+- The outermost forward's output `grad_fn.register_prehook(...)`: fires when a backward pass reaches that
+  forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
+  (what DDP and FSDP use) marks the end of that backward pass.
+- `register_optimizer_step_pre_hook` / `register_optimizer_step_post_hook`: one optimizer step = one step.
+- Once per run (on one sampled step) `FlopCounterMode` counts that step's FLOPs and the optimizer's
+  parameter / gradient / state bytes are summed; once per root module, `saved_tensors_hooks` measures
+  the activations autograd keeps for one grad-enabled forward.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import weakref
+from functools import partial
+from pathlib import Path
+from time import monotonic
+from typing import Any
+
+import torch
+import torch.nn.modules.module as nn_module
+from torch import Tensor
+from torch.optim import optimizer as optim_module
+
+from phasescope.instrument import events as ev
+
+_TOKEN_DTYPES = frozenset({torch.int64, torch.int32, torch.int16})
+# Layers whose forward differs between train() and eval(): what makes a mode bug a real bug.
+_MODE_SENSITIVE: tuple[type[torch.nn.Module], ...] = (
+    torch.nn.modules.dropout._DropoutNd,
+    torch.nn.modules.batchnorm._BatchNorm,
+)
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Tensor | None:
+    for a in args:
+        if isinstance(a, Tensor):
+            return a
+    if kwargs:
+        t = kwargs.get("input_ids")
+        if isinstance(t, Tensor):
+            return t
+        for v in kwargs.values():
+            if isinstance(v, Tensor):
+                return v
+    if args:
+        a0 = args[0]
+        if isinstance(a0, (list, tuple)) and a0 and isinstance(a0[0], Tensor):
+            return a0[0]
+        if isinstance(a0, dict):
+            return _first_tensor((), a0)
+    return None
+
+
+def _graph_of(out: Any) -> Any:
+    """The autograd node of the forward's main output (loss if the model returns one), or None."""
+    if isinstance(out, Tensor):
+        return out.grad_fn
+    if isinstance(out, dict):  # also Hugging Face ModelOutput
+        loss = out.get("loss")
+        if isinstance(loss, Tensor) and loss.grad_fn is not None:
+            return loss.grad_fn
+        values = list(out.values())[:4]
+    elif isinstance(out, (tuple, list)):
+        values = list(out[:4])
+    else:
+        return None
+    for v in values:
+        if isinstance(v, Tensor) and v.grad_fn is not None:
+            return v.grad_fn
+    return None
+
+
+def _cuda_uuid(device: torch.device) -> str:
+    props = torch.cuda.get_device_properties(device)
+    text = str(props.uuid)
+    # NVML names devices "GPU-<uuid>" (MIG: "MIG-<uuid>"); torch gives the bare UUID.
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _tensor_bytes(t: Tensor) -> int:
+    return int(t.numel() * t.element_size())
+
+
+class Recorder:
+    """Holds the hook handles, the event buffer and what was learned about modules and optimizers."""
+
+    def __init__(self, events_dir: str | Path | None = None, flush_s: float = 2.0,
+                 flop_sample_step: int = 1, count_flops: bool = True) -> None:
+        self.buffer = ev.EventBuffer()
+        self._emit = self.buffer.buf.extend
+        self._tl = threading.local()
+        self._roots: dict[int, int] = {}
+        self._root_refs: list[weakref.ReferenceType[torch.nn.Module]] = []
+        self.roots: list[dict[str, Any]] = []
+        self._opts: dict[int, int] = {}
+        self._opt_refs: list[weakref.ReferenceType[torch.optim.Optimizer]] = []
+        self.optimizers: list[dict[str, Any]] = []
+        self._opt_steps: list[int] = []
+        self._n_fwd = 0
+        self._in_bwd = False
+        self._engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+        self.device: str | None = None
+        self.device_name = ""
+        self.flop_sample_step = max(1, int(flop_sample_step))
+        self._count_flops = count_flops
+        self._flop_mode: Any = None
+        self.flop_sample: dict[str, Any] | None = None
+        self.memory_sample: dict[str, Any] | None = None
+        self._saved_ctx: Any = None
+        self._handles: list[Any] = []
+        self.events_dir = Path(events_dir) if events_dir else None
+        self.flush_s = flush_s
+        self._flush_lock = threading.Lock()
+        self._seq = 0
+        self._wrote = False
+        self._pid = os.getpid()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    # ----- installation -------------------------------------------------------------------------
+    def install(self) -> None:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            optim_module.register_optimizer_step_pre_hook(self._opt_pre),
+            optim_module.register_optimizer_step_post_hook(self._opt_post),
+        ]
+        os.register_at_fork(after_in_child=self._after_fork)
+        if self.events_dir is not None:
+            atexit.register(self.flush)
+            if self.flush_s > 0:
+                self._flusher = threading.Thread(target=self._flush_loop, name="phasescope-flush",
+                                                 daemon=True)
+                self._flusher.start()
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        tl = self._tl
+        for name in ("stale", "handle"):  # this thread's per-call hook, if uninstalled mid-forward
+            h = getattr(tl, name, None)
+            if h is not None:
+                h.remove()
+        tl.root = tl.stale = tl.handle = None
+        self._stop.set()
+        self._end_flop_sample(record=False)
+        self.flush()
+
+    def _after_fork(self) -> None:
+        # A forked child (DataLoader worker, fork-based server) starts with an empty log and does not write:
+        # its parent's rows are the parent's. Spawned children are recorded through sitecustomize instead.
+        self.buffer.clear()
+        self._pid = os.getpid()
+        self.events_dir = None
+        self._tl = threading.local()
+
+    # ----- forward ------------------------------------------------------------------------------
+    # Only the global *pre* hook is global: every module call pays torch's hook path plus this one check.
+    # The end of a root call is caught by a per-instance forward hook that the root's own pre hook adds and
+    # its post hook removes again, so no phasescope object stays attached to user modules between calls
+    # (torch.save(model) and deepcopy keep working) and nested calls skip a second global hook.
+    def _pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        tl = self._tl
+        try:
+            root = tl.root
+        except AttributeError:
+            root = tl.root = tl.stale = None
+            tl.same = 0
+        if root is not None:
+            if root is module:  # a root module calling itself
+                tl.same += 1
+            return
+        if self._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
+            return
+        if tl.stale is not None:  # left by a forward that raised (cannot be removed mid-iteration)
+            tl.stale.remove()
+            tl.stale = None
+        try:
+            handle = module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True)
+        except Exception:  # e.g. a ScriptModule: not observable this way
+            return
+        rid = self._roots.get(id(module))
+        if rid is None or self._root_refs[rid]() is not module:
+            rid = self._new_root(module)
+        idx = self._n_fwd
+        self._n_fwd = idx + 1
+        tl.root = module
+        tl.same = 0
+        tl.handle = handle
+        tl.rid = rid
+        tl.idx = idx
+        if self.roots[rid]["saved_bytes"] is None and self._saved_ctx is None and torch.is_grad_enabled():
+            self._start_saved_sample(rid)
+        self._emit((ev.FWD_BEGIN, monotonic(), rid, idx, 0.0, 0.0, 0.0))
+
+    def _root_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   out: Any) -> None:
+        t = monotonic()
+        tl = self._tl
+        if getattr(tl, "root", None) is not module:  # another thread's root, or a nested call of this module
+            return
+        if tl.same:
+            tl.same -= 1
+            return
+        tl.root = None
+        flags = 0
+        if out is None and sys.exc_info()[0] is not None:
+            flags = ev.RAISED  # torch is iterating this module's hooks dict: remove the handle later
+            tl.stale = tl.handle
+        else:
+            tl.handle.remove()
+        idx = tl.idx
+        batch = seq = 0
+        x = _first_tensor(args, kwargs)
+        if x is not None and x.ndim:
+            batch = x.shape[0]
+            if x.ndim >= 2 and x.dtype in _TOKEN_DTYPES:
+                seq = x.shape[1]
+                flags |= ev.TOKEN_INPUT
+        if torch.is_grad_enabled():
+            flags |= ev.GRAD_ENABLED
+        if torch.is_inference_mode_enabled():
+            flags |= ev.INFERENCE_MODE
+        if module.training:
+            flags |= ev.MODULE_TRAINING
+        if out is not None:
+            node = _graph_of(out)
+            if node is not None:
+                flags |= ev.HAS_GRAPH
+                node.register_prehook(partial(self._on_backward, idx))
+        if self._saved_ctx is not None and self._saved_ctx[3] == threading.get_ident():
+            self._end_saved_sample()
+        self._emit((ev.FWD_END, t, tl.rid, idx, batch, seq, flags))
+
+    def _new_root(self, module: torch.nn.Module) -> int:
+        rid = len(self.roots)
+        self._roots[id(module)] = rid
+        self._root_refs.append(weakref.ref(module))
+        n_params = 0
+        param_bytes = 0
+        dtype = ""
+        device: torch.device | None = None
+        for p in module.parameters():
+            n_params += p.numel()
+            param_bytes += _tensor_bytes(p)
+            if device is None:
+                device, dtype = p.device, str(p.dtype).replace("torch.", "")
+        sensitive = sorted({type(m).__name__ for m in module.modules() if isinstance(m, _MODE_SENSITIVE)
+                            and (getattr(m, "p", 1.0) > 0 and getattr(m, "track_running_stats", True))})
+        self.roots.append({"name": type(module).__name__, "params": n_params, "param_bytes": param_bytes,
+                           "dtype": dtype, "device": str(device) if device is not None else "",
+                           "mode_sensitive_layers": sensitive, "saved_bytes": None})
+        if device is not None and device.type == "cuda" and self.device is None:
+            with contextlib.suppress(Exception):
+                self.device = _cuda_uuid(device)
+                self.device_name = torch.cuda.get_device_name(device)
+        return rid
+
+    # ----- activation memory, sampled once per root ---------------------------------------------
+    def _start_saved_sample(self, rid: int) -> None:
+        seen: set[int] = set()
+        total = [0]
+
+        def pack(t: Tensor) -> Tensor:
+            with contextlib.suppress(Exception):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key not in seen and not isinstance(t, torch.nn.Parameter):
+                    seen.add(key)
+                    total[0] += storage.nbytes()
+            return t
+
+        ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        try:
+            ctx.__enter__()
+        except Exception:
+            self.roots[rid]["saved_bytes"] = -1
+            return
+        self._saved_ctx = (ctx, total, seen, threading.get_ident(), rid)
+
+    def _end_saved_sample(self) -> None:
+        ctx, total, seen, _thread, sampled_rid = self._saved_ctx
+        self._saved_ctx = None
+        with contextlib.suppress(Exception):
+            ctx.__exit__(None, None, None)
+        module = self._root_refs[sampled_rid]()
+        if module is not None:  # weights are kept anyway; only activations are the cost of autograd
+            for p in module.parameters():
+                with contextlib.suppress(Exception):
+                    if p.untyped_storage().data_ptr() in seen:
+                        total[0] -= p.untyped_storage().nbytes()
+        self.roots[sampled_rid]["saved_bytes"] = max(0, total[0])
+
+    # ----- backward -----------------------------------------------------------------------------
+    def _on_backward(self, idx: int, grad_outputs: Any) -> None:
+        t = monotonic()
+        if not self._in_bwd:
+            self._in_bwd = True
+            self._emit((ev.BWD_BEGIN, t, idx, 0.0, 0.0, 0.0, 0.0))
+            try:
+                self._engine.queue_callback(self._on_backward_end)  # type: ignore[union-attr]
+            except Exception:
+                self._on_backward_end()
+        self._emit((ev.BWD_FWD, t, idx, 0.0, 0.0, 0.0, 0.0))
+
+    def _on_backward_end(self) -> None:
+        self._in_bwd = False
+        self._emit((ev.BWD_END, monotonic(), 0.0, 0.0, 0.0, 0.0, 0.0))
+
+    # ----- optimizer ----------------------------------------------------------------------------
+    def _opt_id(self, opt: torch.optim.Optimizer) -> int:
+        oid = self._opts.get(id(opt))
+        if oid is None or self._opt_refs[oid]() is not opt:
+            oid = len(self.optimizers)
+            self._opts[id(opt)] = oid
+            self._opt_refs.append(weakref.ref(opt))
+            self.optimizers.append({"name": type(opt).__name__})
+            self._opt_steps.append(0)
+        return oid
+
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        oid = self._opt_id(opt)
+        self._emit((ev.OPT_BEGIN, monotonic(), oid, self._opt_steps[oid], 0.0, 0.0, 0.0))
+
+    def _opt_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        t = monotonic()
+        oid = self._opt_id(opt)
+        step = self._opt_steps[oid]
+        self._opt_steps[oid] = step + 1
+        self._emit((ev.OPT_END, t, oid, step, 0.0, 0.0, 0.0))
+        if oid == 0:
+            if self._flop_mode is not None and step == self.flop_sample_step:
+                self._end_flop_sample(record=True, opt=opt, step=step)
+            elif step == self.flop_sample_step - 1 and self.flop_sample is None:
+                self._begin_flop_sample(step + 1)
+
+    def _begin_flop_sample(self, step: int) -> None:
+        if not self._count_flops:
+            return
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+        except Exception as exc:
+            self.flop_sample = {"error": f"{type(exc).__name__}: {exc}"}
+            return
+        self._flop_mode = mode
+        self._emit((ev.FLOP_SAMPLE_BEGIN, monotonic(), 0.0, step, 0.0, 0.0, 0.0))
+
+    def _end_flop_sample(self, record: bool, opt: torch.optim.Optimizer | None = None,
+                         step: int = -1) -> None:
+        mode = self._flop_mode
+        if mode is None:
+            return
+        self._flop_mode = None
+        try:
+            mode.__exit__(None, None, None)
+            flops = int(mode.get_total_flops())
+        except Exception as exc:
+            self.flop_sample = {"error": f"{type(exc).__name__}: {exc}"}
+            return
+        if not record:
+            return
+        self._emit((ev.FLOP_SAMPLE_END, monotonic(), 0.0, step, 0.0, 0.0, 0.0))
+        self.flop_sample = {"step": step, "flops": flops, "autocast": self._autocast_dtype()}
+        if opt is not None:
+            self.memory_sample = self._optimizer_memory(opt)
+
+    @staticmethod
+    def _autocast_dtype() -> str | None:
+        with contextlib.suppress(Exception):
+            for dev in ("cuda", "cpu"):
+                if torch.is_autocast_enabled(dev):
+                    return str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        return None
+
+    def _optimizer_memory(self, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        seen: set[int] = set()
+        param_bytes = grad_bytes = state_bytes = 0
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                param_bytes += _tensor_bytes(p)
+                if p.grad is not None:
+                    grad_bytes += _tensor_bytes(p.grad)
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, Tensor):
+                    state_bytes += _tensor_bytes(v)
+        return {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_state_bytes": state_bytes}
+
+    # ----- output -------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        return {
+            "device": self.device or ev.device_for_host(),
+            "device_name": self.device_name or "cpu",
+            "roots": self.roots,
+            "optimizers": [dict(o, steps=n) for o, n in zip(self.optimizers, self._opt_steps, strict=True)],
+            "flop_sample": self.flop_sample,
+            "memory_sample": self.memory_sample,
+            "argv": list(sys.argv),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "tf32": bool(torch.backends.cuda.matmul.allow_tf32
+                         or torch.get_float32_matmul_precision() != "highest"),
+        }
+
+    def process_events(self) -> ev.ProcessEvents:
+        import time
+
+        return ev.ProcessEvents(self._pid, self.buffer.snapshot(), time.time() - monotonic(), self.meta())
+
+    def flush(self) -> None:
+        if self.events_dir is None or os.getpid() != self._pid:
+            return
+        with self._flush_lock:
+            rows = self.buffer.take_new()
+            if not rows.size and not self._wrote:
+                return
+            with contextlib.suppress(OSError):
+                ev.write_chunk(self.events_dir, self._pid, self._seq, rows, self.meta())
+                self._seq += 1
+                self._wrote = True
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            self.flush()

@@ -1,0 +1,144 @@
+"""How `phasescope run` shows its summary: a rich table on the terminal and a self-contained HTML page."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if unit == "s":
+            return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
+        if unit == "%":
+            return f"{value * 100:.1f}%"
+        if unit == "B":
+            for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+                if value >= scale:
+                    return f"{value / scale:.1f} {name}"
+            return f"{value:.0f} B"
+        if unit == "flop":
+            return f"{value / 1e9:.3g} GFLOP"
+        return f"{value:.4g}{unit}"
+    if unit == "B" and isinstance(value, int):
+        return _fmt(float(value), "B")
+    if unit == "flop" and isinstance(value, int):
+        return _fmt(float(value), "flop")
+    return f"{value}{unit}"
+
+
+TRAINING_ROWS = (
+    ("steps", "steps", ""), ("step time p50", "step_time_p50_s", "s"),
+    ("step time p95", "step_time_p95_s", "s"),
+    ("samples/s", "samples_per_s", ""), ("tokens/s", "tokens_per_s", ""),
+    ("FLOPs per step", "flops_per_step", "flop"), ("MFU", "mfu", "%"),
+    ("data-loader stall", "data_stall_fraction", "%"), ("model (parameters)", "model_bytes", "B"),
+    ("params+grads+optimizer state", "training_state_bytes", "B"),
+    ("memory multiple", "memory_multiple", "x"),
+    ("activations per forward", "activation_bytes_per_forward", "B"),
+)
+INFERENCE_ROWS = (
+    ("requests", "requests", ""), ("requests/s", "requests_per_s", ""), ("latency p50", "latency_p50_s", "s"),
+    ("latency p95", "latency_p95_s", "s"), ("latency p99", "latency_p99_s", "s"),
+    ("batch size (mean)", "batch_size_mean", ""),
+)
+GENERATION_ROWS = (
+    ("generation loops", "loops", ""), ("time to first token p50", "ttft_p50_s", "s"),
+    ("inter-token latency p50", "inter_token_latency_p50_s", "s"), ("generated tokens/s", "tokens_per_s", ""),
+)
+
+
+def _rows(proc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    generation = (proc.get("inference") or {}).get("generation")
+    for phase, spec, kpis in (("training", TRAINING_ROWS, proc.get("training")),
+                              ("inference", INFERENCE_ROWS, proc.get("inference")),
+                              ("generation", GENERATION_ROWS, generation)):
+        if kpis:
+            out += [(phase, label, _fmt(kpis.get(key), unit)) for label, key, unit in spec]
+    return out
+
+
+def print_summary(doc: dict[str, Any], console: Console) -> None:
+    procs = doc.get("processes") or []
+    if not procs:
+        console.print("phasescope: no PyTorch activity seen (no module forward or optimizer step).")
+    for proc in procs:
+        seg = Table(title=f"pid {proc['pid']} on {proc['device']}: phases", title_justify="left")
+        for col in ("phase", "duration", "steps", "forwards"):
+            seg.add_column(col)
+        for s in proc["segments"]:
+            seg.add_row(s["phase"], _fmt(s["duration_s"], "s"), str(s["steps"]), str(s["forwards"]))
+        console.print(seg)
+        kpi = Table(title="KPIs", title_justify="left")
+        for col in ("phase", "KPI", "value"):
+            kpi.add_column(col)
+        for row in _rows(proc):
+            kpi.add_row(*row)
+        console.print(kpi)
+        for w in proc["warnings"]:
+            console.print(f"[bold yellow]warning[/]: {escape(w['message'])}")
+    for note in doc.get("notes") or []:
+        console.print(f"note: {note}")
+    if "exit_code" in doc:
+        console.print(f"command exited with {doc['exit_code']}")
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f3f3f3}.warn{color:#a60}
+.bar{display:flex;height:22px;width:100%;border:1px solid #ccc}.bar div{height:100%}
+.training{background:#3b7dd8}.inference{background:#2ca25f}.idle{background:#ddd}"""
+
+
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{h}</tr>{body}</table>"
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    """A self-contained page (inline CSS, no scripts) with the timeline, KPIs, warnings and telemetry."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>phasescope run</title>"
+             f"<style>{_CSS}</style></head><body><h1>phasescope run</h1>"]
+    cmd = " ".join(doc.get("command") or [])
+    parts.append(f"<p><code>{html.escape(cmd)}</code> exited with {doc.get('exit_code', '-')}; "
+                 f"{html.escape(time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc.get('start', 0))))}, "
+                 f"{_fmt(doc.get('duration_s'), 's')}.</p>")
+    for proc in doc.get("processes") or []:
+        parts.append(f"<h2>pid {proc['pid']} on {html.escape(proc['device'])}</h2>")
+        segs = proc["segments"]
+        if segs:
+            t0, t1 = segs[0]["start"], segs[-1]["end"]
+            span = max(t1 - t0, 1e-9)
+            bar = "".join(f"<div class='{s['phase']}' title='{s['phase']} {s['duration_s']:.3f} s' "
+                          f"style='width:{100 * s['duration_s'] / span:.3f}%'></div>" for s in segs)
+            parts.append(f"<div class='bar'>{bar}</div>")
+        parts.append(_table(("phase", "duration", "steps", "forwards"),
+                            [(s["phase"], _fmt(s["duration_s"], "s"), str(s["steps"]), str(s["forwards"]))
+                             for s in segs]))
+        parts.append(_table(("phase", "KPI", "value"), _rows(proc)))
+        for w in proc["warnings"]:
+            code, msg = html.escape(w["code"]), html.escape(w["message"])
+            parts.append(f"<p class='warn'>warning ({code}): {msg}</p>")
+    if not doc.get("processes"):
+        parts.append("<p>No PyTorch activity seen (no module forward or optimizer step).</p>")
+    tel = doc.get("telemetry") or {}
+    if tel.get("devices"):
+        parts.append("<h2>Device telemetry</h2>")
+        parts.append(_table(("device", "samples", "mean util", "max memory", "mean power", "energy"),
+                            [(d["uuid"], str(d["samples"]), _fmt(d.get("gpu_util_mean"), "%"),
+                              _fmt(d.get("mem_used_max"), "B"), _fmt(d.get("power_mean"), " W"),
+                              _fmt(d.get("energy_j"), " J")) for d in tel["devices"]]))
+    for note in doc.get("notes") or []:
+        parts.append(f"<p>note: {html.escape(note)}</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

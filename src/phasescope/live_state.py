@@ -1,0 +1,415 @@
+"""UI-agnostic live state: what every live view (TUI, plain table, later the web page) shows.
+
+The sampler thread calls `LiveState.ingest(batch)` each tick; views call `rows(...)` and `status_line()`
+whenever they redraw. Per-device history lives in fixed-size numpy ring buffers (one row per tick, one
+column per schema signal), so a long session costs constant memory and no per-sample objects.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phasescope.display import (
+    MISSING,
+    fmt_bytes,
+    fmt_pair,
+    fmt_rate,
+    fmt_ratio,
+    fmt_signal,
+    fmt_watts,
+    sparkline,
+)
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample
+from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+
+DEFAULT_HISTORY = 120  # ticks kept per device (2 min at 1 Hz); sparklines show the tail of it
+SPARK_WIDTH = 30
+MAX_PROCESS_ROWS = 8  # sub-rows per device; the rest are summarised as "+N more"
+NO_DEVICE = ""  # group key for processes the source could not tie to a device
+
+
+class Ring:
+    """Fixed-capacity ring of rows of `width` float64 values (NaN-initialised)."""
+
+    __slots__ = ("_buf", "_head", "_n", "_times")
+
+    def __init__(self, capacity: int, width: int) -> None:
+        self._buf = np.full((capacity, width), np.nan)
+        self._times = np.full(capacity, np.nan)
+        self._head = 0  # next slot to write
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def push(self, t: float, row: FloatArray) -> None:
+        self._buf[self._head] = row
+        self._times[self._head] = t
+        self._head = (self._head + 1) % self._buf.shape[0]
+        self._n = min(self._n + 1, self._buf.shape[0])
+
+    def _order(self) -> np.ndarray:
+        cap = self._buf.shape[0]
+        return (np.arange(self._head - self._n, self._head) % cap) if self._n else np.empty(0, dtype=int)
+
+    def column(self, col: int) -> FloatArray:
+        """One column, oldest first."""
+        return self._buf[self._order(), col]
+
+    def times(self) -> FloatArray:
+        return self._times[self._order()]
+
+    def any_finite(self) -> bool:
+        return bool(np.isfinite(self._buf).any())
+
+    def last(self) -> FloatArray:
+        if not self._n:
+            return np.full(self._buf.shape[1], np.nan)
+        return self._buf[(self._head - 1) % self._buf.shape[0]].copy()
+
+
+@dataclass
+class DeviceState:
+    info: DeviceInfo
+    order: int  # position in the source's device list when first seen
+    history: Ring
+    lost: bool = False
+    processes: list[ProcessSample] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    title: str
+
+
+# The table every view draws. Process sub-rows reuse the columns: util = CPU of one core, memory = RSS
+# (and device memory where the source knows it), the first sparkline = that process's CPU history.
+COLUMNS: tuple[Column, ...] = (
+    Column("name", "Device / process"),
+    Column("util", "Util"),
+    Column("mem", "Memory used / total"),
+    Column("power", "Power / limit"),
+    Column("temp", "Temp"),
+    Column("clocks", "SM / mem clock"),
+    Column("pcie", "PCIe rx / tx"),
+    Column("spark_util", f"Util (last {SPARK_WIDTH})"),
+    Column("spark_power", f"Power (last {SPARK_WIDTH})"),
+    Column("info", "Notes"),
+)
+COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+# What `s` cycles through: "order" is the source's own device order.
+SORT_KEYS: tuple[str, ...] = ("order", "util", "mem", "power", "temp", "name")
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str  # "device" or "process"
+    key: str  # unique per table: device uuid, or "uuid/pid"
+    device_uuid: str
+    cells: dict[str, str]
+
+
+class LiveState:
+    """Thread-safe store of the latest tick and a short history per device, plus status for the views."""
+
+    def __init__(self, source_name: str = "", capacity: int = DEFAULT_HISTORY) -> None:
+        self.source_name = source_name
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._devices: dict[str, DeviceState] = {}
+        self._proc_cpu: dict[int, deque[float]] = {}
+        self._events: deque[str] = deque(maxlen=20)
+        self._errors: dict[str, int] = {}
+        self._orphans: list[ProcessSample] = []  # processes tied to no known device
+        self.process_labels: dict[int, str] = {}  # pid -> a role to show (e.g. "demo training")
+        self.version = 0  # bumped on every change; views redraw when it moves
+        self.ticks = 0
+        self._last_tick_mono = math.nan
+        self.last_tick_time = math.nan
+
+    # ---- writers (sampler thread) ----
+
+    def ingest(self, batch: TickBatch, errors: Mapping[str, int] | None = None) -> None:
+        with self._lock:
+            seen: set[str] = set()
+            for i, dev in enumerate(batch.devices):
+                state = self._devices.get(dev.uuid)
+                if state is None:
+                    state = DeviceState(dev, len(self._devices), Ring(self.capacity, len(SIGNAL_NAMES)))
+                    self._devices[dev.uuid] = state
+                elif state.lost:
+                    state.lost = False
+                    self._events.append(f"{_dev_name(dev)} is back")
+                state.info = dev
+                state.history.push(batch.time, batch.values[i])
+                seen.add(dev.uuid)
+            for uuid, state in self._devices.items():
+                if uuid not in seen and not state.lost:
+                    state.lost = True
+                    state.processes = []
+                    self._events.append(f"{_dev_name(state.info)} lost: no data this tick")
+            self._take_processes(batch.processes)
+            self._events.extend(batch.events)
+            if errors is not None:
+                self._errors = dict(errors)
+            self.ticks += 1
+            self.last_tick_time = batch.time
+            self._last_tick_mono = time.monotonic()
+            self.version += 1
+
+    def _take_processes(self, processes: list[ProcessSample]) -> None:
+        by_dev: dict[str, list[ProcessSample]] = {u: [] for u in self._devices}
+        only = next(iter(self._devices)) if len(self._devices) == 1 else None
+        for p in processes:
+            uuid = p.device_uuid if p.device_uuid in self._devices else (only or NO_DEVICE)
+            by_dev.setdefault(uuid, []).append(p)
+            hist = self._proc_cpu.get(p.pid)
+            if hist is None:
+                hist = self._proc_cpu[p.pid] = deque(maxlen=self.capacity)
+            hist.append(p.cpu_util)
+        for uuid, state in self._devices.items():
+            state.processes = by_dev.pop(uuid, [])
+        self._orphans = by_dev.get(NO_DEVICE, [])
+        alive = {p.pid for p in processes}
+        for pid in [pid for pid in self._proc_cpu if pid not in alive]:
+            del self._proc_cpu[pid]
+
+    def note(self, message: str) -> None:
+        """A status message from outside the tick (sampler failure, source closed)."""
+        with self._lock:
+            self._events.append(message)
+            self.version += 1
+
+    # ---- readers (any thread) ----
+
+    def device_uuids(self) -> list[str]:
+        with self._lock:
+            return list(self._devices)
+
+    def latest(self, uuid: str) -> FloatArray:
+        with self._lock:
+            return self._devices[uuid].history.last()
+
+    def history(self, uuid: str, signal: str) -> FloatArray:
+        with self._lock:
+            return self._devices[uuid].history.column(SIGNAL_COLUMN[signal])
+
+    def history_times(self, uuid: str) -> FloatArray:
+        with self._lock:
+            return self._devices[uuid].history.times()
+
+    def is_lost(self, uuid: str) -> bool:
+        with self._lock:
+            return self._devices[uuid].lost
+
+    def events(self) -> list[str]:
+        with self._lock:
+            return list(self._events)
+
+    def status_line(self) -> str:
+        with self._lock:
+            parts = [self.source_name or "source", f"{len(self._devices)} device(s)", f"tick {self.ticks}"]
+            if self.ticks:
+                parts.append(f"last {time.monotonic() - self._last_tick_mono:.0f}s ago")
+            else:
+                parts.append("waiting for the first sample")
+            failures = sum(self._errors.values())
+            if failures:
+                worst = max(self._errors.items(), key=lambda kv: kv[1])
+                parts.append(f"{failures} failed reads (most: {worst[0]} x{worst[1]})")
+            lost = [d for d in self._devices.values() if d.lost or _went_dark(d)]
+            if lost:
+                parts.append(f"NO DATA: {', '.join(_dev_name(d.info) for d in lost)}")
+            if self._events:
+                parts.append(self._events[-1])
+            return " · ".join(parts)
+
+    def rows(self, sort: str = "order", filter_text: str = "") -> list[Row]:
+        """The table: device rows in `sort` order, each followed by its process sub-rows."""
+        if sort not in SORT_KEYS:
+            raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
+        needle = filter_text.strip().lower()
+        with self._lock:
+            devices = sorted(self._devices.values(), key=lambda d: _device_sort_key(d, sort))
+            out: list[Row] = []
+            groups: list[tuple[DeviceState | None, list[ProcessSample]]] = [(d, d.processes) for d in devices]
+            if self._orphans:
+                groups.append((None, self._orphans))
+            for dev, procs in groups:
+                dev_text = _device_search_text(dev)
+                dev_match = not needle or needle in dev_text
+                shown = procs if dev_match else [p for p in procs if needle in _process_search_text(p, self)]
+                if not dev_match and not shown:
+                    continue
+                out.append(self._device_row(dev))
+                shown = sorted(shown, key=lambda p: _process_sort_key(p, sort))
+                uuid = dev.info.uuid if dev else NO_DEVICE
+                out.extend(self._process_row(uuid, p) for p in shown[:MAX_PROCESS_ROWS])
+                if len(shown) > MAX_PROCESS_ROWS:
+                    more = {k: "" for k in COLUMN_KEYS}
+                    more["name"] = f"  └ +{len(shown) - MAX_PROCESS_ROWS} more"
+                    out.append(Row("process", f"{uuid}/more", uuid, more))
+            return out
+
+    # ---- row building (caller holds the lock) ----
+
+    def _device_row(self, dev: DeviceState | None) -> Row:
+        cells = dict.fromkeys(COLUMN_KEYS, MISSING)
+        if dev is None:
+            cells.update(name="processes (no device)", spark_util="", spark_power="", info="")
+            return Row("device", NO_DEVICE, NO_DEVICE, cells)
+        now = np.full(len(SIGNAL_NAMES), np.nan) if dev.lost else dev.history.last()
+
+        def v(sig: str) -> float:
+            return float(now[SIGNAL_COLUMN[sig]])
+
+        dark = dev.lost or _went_dark(dev)
+        limit = v("power_limit")
+        if not math.isfinite(limit) and not dark:  # a limit read once still holds when one read fails
+            limit = _finite_max(dev.history.column(SIGNAL_COLUMN["power_limit"]))
+        cells["name"] = _dev_name(dev.info)
+        cells["util"] = fmt_ratio(v("gpu_util"))
+        cells["mem"] = fmt_pair(fmt_bytes(v("mem_used")), fmt_bytes(v("mem_total")))
+        cells["power"] = fmt_pair(fmt_watts(v("power")), fmt_watts(limit))
+        cells["temp"] = fmt_signal("temperature", v("temperature"))
+        cells["clocks"] = _clocks(v("sm_clock"), v("mem_clock"))
+        cells["pcie"] = fmt_pair(fmt_rate(v("pcie_rx")), fmt_rate(v("pcie_tx")))
+        cells["spark_util"] = sparkline(dev.history.column(SIGNAL_COLUMN["gpu_util"]), SPARK_WIDTH, 0.0, 1.0)
+        power_hi = limit if math.isfinite(limit) else None  # else: scale to the peak in the history
+        power_hist = dev.history.column(SIGNAL_COLUMN["power"])
+        cells["spark_power"] = sparkline(power_hist, SPARK_WIDTH, 0.0, power_hi)
+        notes = []
+        if dev.lost:
+            notes.append("LOST")
+        elif dark:
+            notes.append("NO DATA")  # e.g. NVML marked it lost: the source keeps the row, all NaN
+        if dev.info.parent_uuid:
+            notes.append("MIG")
+        if dev.processes:
+            notes.append(f"{len(dev.processes)} proc")
+        cells["info"] = " · ".join(notes)
+        return Row("device", dev.info.uuid, dev.info.uuid, cells)
+
+    def _process_row(self, uuid: str, p: ProcessSample) -> Row:
+        cells = dict.fromkeys(COLUMN_KEYS, "")
+        cells["name"] = f"  └ {p.pid} {p.name}".rstrip()
+        cells["util"] = fmt_ratio(p.cpu_util)
+        mem = f"rss {fmt_bytes(p.rss)}"
+        if math.isfinite(p.gpu_mem_used):
+            mem = f"dev {fmt_bytes(p.gpu_mem_used)} · {mem}"
+        cells["mem"] = mem
+        hist = np.asarray(self._proc_cpu.get(p.pid, ()), dtype=np.float64)
+        peak = _finite_max(hist)
+        cells["spark_util"] = sparkline(hist, SPARK_WIDTH, 0.0, peak if peak > 1.0 else 1.0)
+        notes = [f"cpu {fmt_ratio(p.cpu_util)}"]
+        if math.isfinite(p.sm_util):
+            notes.append(f"sm {fmt_ratio(p.sm_util)}")
+        notes.append(f"{p.threads:.0f} thr" if math.isfinite(p.threads) else f"{MISSING} thr")
+        notes.append("torch" if p.uses_torch else "no torch")
+        role = self.process_labels.get(p.pid)
+        if role:
+            notes.append(role)
+        cells["info"] = " · ".join(notes)
+        return Row("process", f"{uuid}/{p.pid}", uuid, cells)
+
+
+def _dev_name(info: DeviceInfo) -> str:
+    idx = "" if info.index is None else f"#{info.index} "
+    return f"{idx}{info.name or info.uuid}"
+
+
+def _finite_max(values: FloatArray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.max()) if finite.size else math.nan
+
+
+def _went_dark(dev: DeviceState) -> bool:
+    """The latest tick has no value at all for a device that had values before."""
+    if len(dev.history) < 2 or np.isfinite(dev.history.last()).any():
+        return False
+    return dev.history.any_finite()
+
+
+def _clocks(sm: float, mem: float) -> str:
+    if not math.isfinite(sm) and not math.isfinite(mem):
+        return MISSING
+    part = [f"{x / 1e6:.0f}" if math.isfinite(x) else MISSING for x in (sm, mem)]
+    return f"{part[0]} / {part[1]} MHz"
+
+
+def _nan_last(value: float, descending: bool) -> tuple[int, float]:
+    if not math.isfinite(value):
+        return (1, 0.0)
+    return (0, -value if descending else value)
+
+
+def _device_sort_key(d: DeviceState, sort: str) -> tuple[object, ...]:
+    if sort == "order":
+        return (d.order,)
+    if sort == "name":
+        return (_dev_name(d.info).lower(), d.order)
+    sig = {"util": "gpu_util", "mem": "mem_used", "power": "power", "temp": "temperature"}[sort]
+    value = math.nan if d.lost else float(d.history.last()[SIGNAL_COLUMN[sig]])
+    return (*_nan_last(value, descending=True), d.order)  # busiest first, missing last
+
+
+def _process_sort_key(p: ProcessSample, sort: str) -> tuple[object, ...]:
+    if sort == "util":
+        return (*_nan_last(p.cpu_util, True), p.pid)
+    if sort == "mem":
+        mem = p.gpu_mem_used if math.isfinite(p.gpu_mem_used) else p.rss
+        return (*_nan_last(mem, True), p.pid)
+    if sort == "name":
+        return (p.name.lower(), p.pid)
+    return (p.pid,)
+
+
+def _device_search_text(d: DeviceState | None) -> str:
+    if d is None:
+        return "processes (no device)"
+    return f"{_dev_name(d.info)} {d.info.uuid} {d.info.name} {d.info.host}".lower()
+
+
+def _process_search_text(p: ProcessSample, state: LiveState) -> str:
+    torch = "torch" if p.uses_torch else ""
+    return f"{p.pid} {p.name} {torch} {state.process_labels.get(p.pid, '')}".lower()
+
+
+def feed(
+    state: LiveState,
+    source: LiveSource,
+    interval_s: float,
+    stop: threading.Event,
+    duration: float | None = None,
+) -> None:
+    """Sample `source` into `state` until `stop` is set or `duration` has passed, then close the source.
+
+    Runs in a worker thread; a failure ends sampling with a status message instead of taking the view down.
+    """
+    def on_tick(batch: TickBatch) -> None:
+        if getattr(source, "exhausted", False):  # a replay that reached its end: keep the last picture
+            for event in batch.events:
+                state.note(event)
+            stop.set()
+            return
+        state.ingest(batch, source.error_counts())
+
+    try:
+        from phasescope.sampler import Sampler
+
+        Sampler(source, interval_s).run(on_tick, duration=duration, stop=stop)
+    except Exception as exc:  # a view must survive any source failure and say what happened
+        state.note(f"sampling stopped: {type(exc).__name__}: {exc}")
+    finally:
+        try:
+            source.close()
+        except Exception as exc:
+            state.note(f"closing {source.name} failed: {exc}")

@@ -1,0 +1,528 @@
+"""Live source over NVML (nvidia-ml-py): every schema signal of every GPU and MIG instance, each tick.
+
+Error policy (see docs/ARCHITECTURE.md, "NVML and host sources"):
+- a failing call gives NaN and is counted by call name; it never raises out of `read()`;
+- NotSupported / FunctionNotFound / NoPermission / InvalidArgument are remembered per device and call,
+  so an unsupported call costs one try, not one per tick;
+- GpuIsLost (or Unknown on every call of a tick) marks the device lost: one event, its row reads NaN
+  from then on (kept, not dropped, so rows and UUIDs stay stable for recorders and views), and NVML is
+  not called on it again; the other devices keep going;
+- a missing library or driver is a `SourceError` with one actionable line (`nvml_available()` says it
+  without raising, for `--source auto`).
+
+Devices are keyed by UUID: NVML ignores CUDA_VISIBLE_DEVICES, so its indices are not the CUDA ones.
+pynvml functions are looked up on the module at call time, so the test fake can patch them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from phasescope.errors import SourceError
+from phasescope.schema import KB_PER_S, MHZ, PERCENT, SIGNAL_NAMES, DeviceInfo, ProcessSample
+from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
+
+try:
+    import pynvml
+except ImportError:  # nvidia-ml-py is a core dependency, but say so clearly if it is gone
+    pynvml = None
+
+_N = len(SIGNAL_NAMES)
+_NAN = math.nan
+_C = SIGNAL_COLUMN
+_UINT_MAX = 0xFFFFFFFF  # scopeId that asks NVML for the sum over all NVLinks
+
+# NVML return codes (values from nvml.h, mirrored by pynvml; literal so this module imports without it).
+_NOT_SUPPORTED, _NO_PERMISSION, _NOT_FOUND, _INVALID_ARGUMENT = 3, 4, 6, 2
+_DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND, _FUNCTION_NOT_FOUND = 9, 12, 13
+_GPU_IS_LOST, _RESET_REQUIRED, _LIB_RM_MISMATCH, _GPU_NOT_FOUND, _UNKNOWN = 15, 16, 18, 28, 999
+# Failures that will not go away while we run: try once, then skip the call on that device.
+_STATIC_FAILURES = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_PERMISSION, _INVALID_ARGUMENT})
+# Failures that mean the device itself is gone.
+_LOST_FAILURES = frozenset({_GPU_IS_LOST, _RESET_REQUIRED, _GPU_NOT_FOUND})
+
+_NVML_TEMPERATURE_GPU, _NVML_CLOCK_SM, _NVML_CLOCK_MEM = 0, 1, 2
+_NVML_PCIE_TX, _NVML_PCIE_RX = 0, 1
+_NVML_DEVICE_MIG_ENABLE = 1
+_FI_NVLINK_DATA_TX, _FI_NVLINK_DATA_RX = 138, 139  # cumulative KiB counters
+# GPM metric ids -> schema signal (all percent 0-100).
+_GPM_METRICS: tuple[tuple[int, str], ...] = ((2, "sm_active"), (5, "tensor_active"), (10, "dram_active"))
+
+INSTALL_HINT = "or run with --source host to watch the host only"
+
+
+class _GpuLost(Exception):
+    """Raised inside one device's read to abandon the rest of its calls."""
+
+
+@dataclass
+class _Gpm:
+    """Two GPM sample buffers per device: a metric needs the previous sample and the current one."""
+
+    prev: Any
+    cur: Any
+    request: Any  # reused c_nvmlGpmMetricsGet_t
+    have_prev: bool = False
+
+
+@dataclass
+class _Device:
+    handle: Any
+    info: DeviceInfo
+    parent: _Device | None = None
+    mig_enabled: bool = False  # a physical GPU split into MIG instances; they report its work
+    gpu_instance_id: int | None = None
+    unsupported: set[str] = field(default_factory=set)
+    lost: bool = False
+    gpm: _Gpm | None = None
+    nvlink_prev: tuple[float, float, float] | None = None  # (timestamp us, tx KiB, rx KiB)
+    proc_util_ts: int = 0  # last-seen timestamp for nvmlDeviceGetProcessUtilization (us)
+    proc_util: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (sm ratio, seen at)
+    static: dict[str, Any] = field(default_factory=dict)
+    # per-tick bookkeeping for the lost-GPU rule
+    attempts: int = 0
+    unknown: int = 0
+
+
+def _error_code(exc: BaseException) -> int:
+    return int(getattr(exc, "value", _UNKNOWN))
+
+
+def init_error_line(exc: BaseException) -> str:
+    """One actionable line for a failed nvmlInit."""
+    code = _error_code(exc)
+    if code == _LIBRARY_NOT_FOUND:
+        return ("NVML library not found (libnvidia-ml.so.1): install the NVIDIA driver, which ships it, "
+                f"{INSTALL_HINT}")
+    if code == _DRIVER_NOT_LOADED:
+        return ("NVIDIA driver not loaded: check `nvidia-smi` and that the nvidia kernel module is loaded, "
+                f"{INSTALL_HINT}")
+    if code == _NO_PERMISSION:
+        return f"no permission to open NVML: check access to /dev/nvidia*, {INSTALL_HINT}"
+    if code == _LIB_RM_MISMATCH:
+        return ("NVML library and kernel driver versions differ (driver updated without a reboot?): "
+                f"reboot or reload the nvidia module, {INSTALL_HINT}")
+    return f"NVML failed to initialise ({exc}): check `nvidia-smi`, {INSTALL_HINT}"
+
+
+def _init() -> None:
+    """nvmlInit, or SourceError with one line."""
+    if pynvml is None:
+        raise SourceError(f"nvidia-ml-py is not installed: pip install nvidia-ml-py, {INSTALL_HINT}")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise SourceError(init_error_line(exc)) from None
+    except OSError as exc:  # a broken libnvidia-ml.so can fail in the loader itself
+        raise SourceError(f"NVML library could not be loaded ({exc}), {INSTALL_HINT}") from None
+
+
+def nvml_available() -> tuple[bool, str]:
+    """Whether NVML works and sees at least one GPU; else False and the one line to print."""
+    try:
+        _init()
+    except SourceError as exc:
+        return False, str(exc)
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError as exc:
+        return False, f"NVML cannot count GPUs ({exc}): check `nvidia-smi`, {INSTALL_HINT}"
+    finally:
+        _shutdown_quietly()
+    if count == 0:
+        return False, "NVML found no NVIDIA GPU; watching the host only"
+    return True, f"NVML sees {count} GPU(s)"
+
+
+def _shutdown_quietly() -> None:
+    with contextlib.suppress(pynvml.NVMLError):
+        pynvml.nvmlShutdown()
+
+
+class NvmlSource:
+    """All NVIDIA GPUs (and MIG instances) on this host, read through NVML. See the module doc for errors."""
+
+    name = "nvml"
+
+    def __init__(self, processes: bool = True, gpm: bool = True, nvlink: bool = True) -> None:
+        _init()
+        self._open = True
+        self._want_processes = processes
+        self._want_gpm = gpm
+        self._want_nvlink = nvlink
+        self._errors: dict[str, int] = {}
+        self._pending_events: list[str] = []
+        self._host = socket.gethostname()
+        self._driver = self._driver_version()
+        self._devs: list[_Device] = []
+        try:
+            self._enumerate()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup -------------------------------------------------------------------------------------
+
+    def _driver_version(self) -> str:
+        try:
+            return str(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError:
+            self._count("nvmlSystemGetDriverVersion")
+            return ""
+
+    def _enumerate(self) -> None:
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as exc:
+            raise SourceError(f"NVML cannot count GPUs ({exc}): check `nvidia-smi`, {INSTALL_HINT}") from None
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = str(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError as exc:
+                # One bad GPU must not hide the others: report it and go on.
+                self._count("nvmlDeviceGetHandleByIndex")
+                self._pending_events.append(f"GPU #{index} could not be opened through NVML ({exc}); skipped")
+                continue
+            dev = self._make_device(handle, uuid, index, None)
+            self._devs.append(dev)
+            mode = self._setup_call(dev, "nvmlDeviceGetMigMode", handle)
+            if mode is not None and int(mode[0]) == _NVML_DEVICE_MIG_ENABLE:
+                dev.mig_enabled = True
+                self._devs.extend(self._enumerate_mig(dev))
+        if self._want_gpm:
+            for dev in self._devs:
+                # A MIG instance samples GPM through its parent by GPU-instance id; without one, it cannot.
+                if not dev.lost and (dev.parent is None or dev.gpu_instance_id is not None):
+                    dev.gpm = self._setup_gpm(dev)
+
+    def _enumerate_mig(self, parent: _Device) -> list[_Device]:
+        slots = self._setup_call(parent, "nvmlDeviceGetMaxMigDeviceCount", parent.handle) or 0
+        children: list[_Device] = []
+        for slot in range(int(slots)):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)
+                uuid = str(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError:
+                continue  # an empty slot answers NotFound: normal
+            child = self._make_device(handle, uuid, parent.info.index, parent, slot)
+            gi = self._setup_call(child, "nvmlDeviceGetGpuInstanceId", handle)
+            child.gpu_instance_id = None if gi is None else int(gi)
+            children.append(child)
+        return children
+
+    def _make_device(
+        self, handle: Any, uuid: str, index: int | None, parent: _Device | None, mig_slot: int | None = None
+    ) -> _Device:
+        dev = _Device(handle=handle, info=DeviceInfo(uuid=uuid), parent=parent)
+        name = self._setup_call(dev, "nvmlDeviceGetName", handle)
+        mem = self._setup_call(dev, "nvmlDeviceGetMemoryInfo", handle)
+        limit = self._setup_call(dev, "nvmlDeviceGetEnforcedPowerLimit", handle)
+        sm_max = self._setup_call(dev, "nvmlDeviceGetMaxClockInfo", handle, _NVML_CLOCK_SM, key="sm")
+        mem_max = self._setup_call(dev, "nvmlDeviceGetMaxClockInfo", handle, _NVML_CLOCK_MEM, key="mem")
+        static: dict[str, Any] = {
+            "uuid": uuid,
+            "name": "" if name is None else str(name),
+            "index": index,
+            "parent_uuid": None if parent is None else parent.info.uuid,
+            "mig_slot": mig_slot,
+            "driver_version": self._driver,
+            "mem_total_bytes": _NAN if mem is None else float(mem.total),
+            "power_limit_w": _NAN if limit is None else limit / 1000.0,
+            "max_sm_clock_hz": _NAN if sm_max is None else sm_max * MHZ,
+            "max_mem_clock_hz": _NAN if mem_max is None else mem_max * MHZ,
+        }
+        dev.static = static
+        extra = {k: str(v) for k, v in static.items() if k not in ("uuid", "name", "index", "parent_uuid")
+                 and v is not None and v == v}  # v == v drops NaN: unknown is absent, not "nan"
+        dev.info = DeviceInfo(uuid=uuid, name=static["name"], index=index, host=self._host,
+                              parent_uuid=static["parent_uuid"], extra=extra)
+        return dev
+
+    def _setup_gpm(self, dev: _Device) -> _Gpm | None:
+        # GPM (Hopper+) is queried on the physical GPU; MIG instances sample through their parent.
+        phys = dev.parent or dev
+        support = self._setup_call(dev, "nvmlGpmQueryDeviceSupport", phys.handle)
+        if support is None or not int(support.isSupportedDevice):
+            return None
+        try:
+            prev = pynvml.nvmlGpmSampleAlloc()
+            cur = pynvml.nvmlGpmSampleAlloc()
+        except pynvml.NVMLError:
+            self._count("nvmlGpmSampleAlloc")
+            return None
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        for i, (metric_id, _) in enumerate(_GPM_METRICS):
+            request.metrics[i].metricId = metric_id
+        return _Gpm(prev=prev, cur=cur, request=request)
+
+    def _setup_call(self, dev: _Device, fn: str, *args: Any, key: str = "") -> Any:
+        """A call made once at setup; failures are counted and remembered like any other."""
+        try:
+            return self._call(dev, fn, *args, key=key)
+        except _GpuLost as exc:
+            self._mark_lost(dev, str(exc))
+            return None
+
+    # ---- the hot path --------------------------------------------------------------------------------
+
+    def _count(self, fn: str) -> None:
+        self._errors[fn] = self._errors.get(fn, 0) + 1
+
+    def _call(self, dev: _Device, fn: str, *args: Any, key: str = "") -> Any:
+        """Call pynvml.<fn>(*args); None on failure (counted). Raises _GpuLost when the device is gone."""
+        memo = f"{fn}:{key}" if key else fn
+        if memo in dev.unsupported:
+            return None
+        dev.attempts += 1
+        try:
+            return getattr(pynvml, fn)(*args)
+        except pynvml.NVMLError as exc:
+            self._count(fn)
+            code = _error_code(exc)
+            if code in _STATIC_FAILURES:
+                dev.unsupported.add(memo)
+            elif code in _LOST_FAILURES:
+                raise _GpuLost(f"{fn}: {exc}") from None
+            elif code == _UNKNOWN:
+                dev.unknown += 1
+            return None
+        except pynvml.NVMLLibraryMismatchError:  # an unversioned call the installed driver lacks
+            self._count(fn)
+            dev.unsupported.add(memo)
+            return None
+
+    def devices(self) -> list[DeviceInfo]:
+        return [d.info for d in self._devs]
+
+    def static_info(self) -> dict[str, dict[str, Any]]:
+        """Per device UUID: name, driver, memory total, power limit, max clocks (manifests, scaling)."""
+        return {d.info.uuid: dict(d.static) for d in self._devs}
+
+    def unsupported_calls(self) -> dict[str, list[str]]:
+        """Per device UUID: the calls found unsupported (tried once, then skipped)."""
+        return {d.info.uuid: sorted(d.unsupported) for d in self._devs if d.unsupported}
+
+    def error_counts(self) -> dict[str, int]:
+        return dict(self._errors)
+
+    def read(self) -> TickBatch:
+        now = time.time()
+        events, self._pending_events = self._pending_events, []
+        rows: list[list[float]] = []
+        processes: list[ProcessSample] = []
+        for dev in self._devs:
+            row = [_NAN] * _N
+            if not dev.lost:
+                dev.attempts = dev.unknown = 0
+                try:
+                    self._read_signals(dev, row)
+                    if self._want_processes and not dev.mig_enabled:
+                        self._read_processes(dev, now, processes)
+                except _GpuLost as exc:
+                    row = [_NAN] * _N
+                    events.extend(self._mark_lost(dev, str(exc)))
+                else:
+                    # Unknown from every call (at least a few: one odd failure is not a lost GPU).
+                    if dev.attempts >= 3 and dev.unknown == dev.attempts:
+                        row = [_NAN] * _N
+                        events.extend(self._mark_lost(dev, "NVML answered Unknown Error to every call"))
+            rows.append(row)
+        values = np.array(rows, dtype=np.float64) if rows else np.empty((0, _N))
+        return TickBatch(time=now, devices=self.devices(), values=values, processes=processes, events=events)
+
+    def _mark_lost(self, dev: _Device, why: str) -> list[str]:
+        """Mark a device (and its MIG instances) lost; return the one event that says so."""
+        if dev.lost:
+            return []
+        dev.lost = True
+        children = [d for d in self._devs if d.parent is dev]
+        for child in children:
+            child.lost = True
+        also = f" with its {len(children)} MIG instance(s)" if children else ""
+        return [f"GPU lost: {dev.info.label()}{also} ({why}); its readings are NaN from now on, "
+                "other devices keep going"]
+
+    def _read_signals(self, dev: _Device, row: list[float]) -> None:
+        h = dev.handle
+        call = self._call
+        util = call(dev, "nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            row[_C["gpu_util"]] = util.gpu * PERCENT
+            row[_C["mem_util"]] = util.memory * PERCENT
+        mem = call(dev, "nvmlDeviceGetMemoryInfo", h)
+        if mem is not None:
+            row[_C["mem_used"]] = float(mem.used)
+            row[_C["mem_total"]] = float(mem.total)
+        v = call(dev, "nvmlDeviceGetPowerUsage", h)
+        if v is not None:
+            row[_C["power"]] = v / 1000.0  # mW
+        v = call(dev, "nvmlDeviceGetTemperature", h, _NVML_TEMPERATURE_GPU)
+        if v is not None:
+            row[_C["temperature"]] = float(v)
+        v = call(dev, "nvmlDeviceGetClockInfo", h, _NVML_CLOCK_SM, key="sm")
+        if v is not None:
+            row[_C["sm_clock"]] = v * MHZ
+        v = call(dev, "nvmlDeviceGetClockInfo", h, _NVML_CLOCK_MEM, key="mem")
+        if v is not None:
+            row[_C["mem_clock"]] = v * MHZ
+        v = call(dev, "nvmlDeviceGetPcieThroughput", h, _NVML_PCIE_TX, key="tx")
+        if v is not None:
+            row[_C["pcie_tx"]] = v * KB_PER_S
+        v = call(dev, "nvmlDeviceGetPcieThroughput", h, _NVML_PCIE_RX, key="rx")
+        if v is not None:
+            row[_C["pcie_rx"]] = v * KB_PER_S
+        v = call(dev, "nvmlDeviceGetTotalEnergyConsumption", h)
+        if v is not None:
+            row[_C["energy"]] = v / 1000.0  # mJ
+        v = call(dev, "nvmlDeviceGetEnforcedPowerLimit", h)
+        if v is not None:
+            row[_C["power_limit"]] = v / 1000.0  # mW
+        v = self._clocks_event_reasons(dev)
+        if v is not None:
+            row[_C["throttle_reasons"]] = float(v)
+        if self._want_nvlink and not dev.mig_enabled:
+            self._read_nvlink(dev, row)
+        if dev.gpm is not None:
+            self._read_gpm(dev, dev.gpm, row)
+
+    def _clocks_event_reasons(self, dev: _Device) -> Any:
+        # Renamed in driver 535 ("throttle" -> "clocks event"); older drivers only have the old name.
+        if "nvmlDeviceGetCurrentClocksEventReasons" not in dev.unsupported:
+            v = self._call(dev, "nvmlDeviceGetCurrentClocksEventReasons", dev.handle)
+            if v is not None or "nvmlDeviceGetCurrentClocksEventReasons" not in dev.unsupported:
+                return v
+        return self._call(dev, "nvmlDeviceGetCurrentClocksThrottleReasons", dev.handle)
+
+    def _read_nvlink(self, dev: _Device, row: list[float]) -> None:
+        # Cumulative KiB counters summed over all links (scopeId UINT_MAX); rate = delta / delta-t.
+        fields = self._call(dev, "nvmlDeviceGetFieldValues", dev.handle,
+                            [(_FI_NVLINK_DATA_TX, _UINT_MAX), (_FI_NVLINK_DATA_RX, _UINT_MAX)], key="nvlink")
+        if fields is None:
+            return
+        tx, rx = fields[0], fields[1]
+        if tx.nvmlReturn != 0 or rx.nvmlReturn != 0:
+            code = int(tx.nvmlReturn or rx.nvmlReturn)
+            self._count("nvmlDeviceGetFieldValues")
+            if code in _STATIC_FAILURES:
+                dev.unsupported.add("nvmlDeviceGetFieldValues:nvlink")
+            dev.nvlink_prev = None
+            return
+        now = (float(tx.timestamp), float(tx.value.ullVal), float(rx.value.ullVal))
+        prev = dev.nvlink_prev
+        dev.nvlink_prev = now
+        if prev is not None and now[0] > prev[0]:
+            dt = (now[0] - prev[0]) * 1e-6
+            row[_C["nvlink_tx"]] = (now[1] - prev[1]) * 1024.0 / dt
+            row[_C["nvlink_rx"]] = (now[2] - prev[2]) * 1024.0 / dt
+
+    def _read_gpm(self, dev: _Device, gpm: _Gpm, row: list[float]) -> None:
+        if dev.parent is not None and dev.gpu_instance_id is not None:
+            got = self._call(dev, "nvmlGpmMigSampleGet", dev.parent.handle, dev.gpu_instance_id, gpm.cur)
+        else:
+            got = self._call(dev, "nvmlGpmSampleGet", dev.handle, gpm.cur)
+        if got is None:
+            gpm.have_prev = False
+            return
+        if gpm.have_prev:
+            req = gpm.request
+            req.sample1 = gpm.prev
+            req.sample2 = gpm.cur
+            if self._call(dev, "nvmlGpmMetricsGet", req) is not None:
+                for i, (_, signal) in enumerate(_GPM_METRICS):
+                    metric = req.metrics[i]
+                    if metric.nvmlReturn == 0:
+                        row[_C[signal]] = metric.value * PERCENT
+        gpm.prev, gpm.cur = gpm.cur, gpm.prev
+        gpm.have_prev = True
+
+    def _read_processes(self, dev: _Device, now: float, out: list[ProcessSample]) -> None:
+        used: dict[int, float] = {}
+        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            for proc in self._call(dev, fn, dev.handle) or ():
+                mem = proc.usedGpuMemory  # None where the driver cannot tell (WDDM)
+                pid = int(proc.pid)
+                if mem is not None and not used.get(pid, 0.0) > mem:
+                    used[pid] = float(mem)
+                else:
+                    used.setdefault(pid, _NAN)
+        if not used:
+            dev.proc_util.clear()
+            return
+        self._read_process_util(dev, now)
+        uuid = dev.info.uuid
+        horizon = now - 5.0  # a per-process sample older than this no longer describes the process
+        for pid, mem in used.items():
+            sm, seen = dev.proc_util.get(pid, (_NAN, 0.0))
+            out.append(ProcessSample(time=now, pid=pid, device_uuid=uuid, gpu_mem_used=mem,
+                                     sm_util=sm if seen >= horizon else _NAN))
+        for pid in [p for p in dev.proc_util if p not in used]:
+            del dev.proc_util[pid]
+
+    def _read_process_util(self, dev: _Device, now: float) -> None:
+        memo = "nvmlDeviceGetProcessUtilization"
+        if memo in dev.unsupported:
+            return
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.proc_util_ts)
+        except pynvml.NVMLError as exc:
+            code = _error_code(exc)
+            if code == _NOT_FOUND:
+                return  # no new sample since the last one: normal, not a failure
+            self._count(memo)
+            if code in _STATIC_FAILURES:
+                dev.unsupported.add(memo)
+            elif code in _LOST_FAILURES:
+                raise _GpuLost(f"{memo}: {exc}") from None
+            return
+        # Newest sample per PID; NVML stamps them on its own clock, so staleness is judged on ours.
+        newest: dict[int, tuple[int, float]] = {}
+        for sample in samples:
+            ts = int(sample.timeStamp)
+            pid = int(sample.pid)
+            if ts >= newest.get(pid, (-1, 0.0))[0]:
+                newest[pid] = (ts, sample.smUtil * PERCENT)
+            dev.proc_util_ts = max(dev.proc_util_ts, ts)
+        for pid, (_, sm) in newest.items():
+            dev.proc_util[pid] = (sm, now)
+
+    def close(self) -> None:
+        if not getattr(self, "_open", False):
+            return
+        self._open = False
+        for dev in getattr(self, "_devs", []):
+            if dev.gpm is not None:
+                for sample in (dev.gpm.prev, dev.gpm.cur):
+                    with contextlib.suppress(pynvml.NVMLError):
+                        pynvml.nvmlGpmSampleFree(sample)
+                dev.gpm = None
+        _shutdown_quietly()
+
+    def __enter__(self) -> NvmlSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_nvml_or_none(say: Callable[[str], None]) -> NvmlSource | None:
+    """For `--source auto`: an NvmlSource, or None after saying once why the host alone is watched."""
+    ok, line = nvml_available()
+    if not ok:
+        say(line)
+        return None
+    try:
+        return NvmlSource()
+    except SourceError as exc:
+        say(str(exc))
+        return None

@@ -1,0 +1,325 @@
+"""Helpers shared by the file readers: file checks, option parsing, vectorised number parsing.
+
+Every reader converts at its edge into `phasescope.schema` signals in base units and reports bad
+input as one `InputError` naming the file, the row or field, and what was expected.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from phasescope.errors import InputError
+from phasescope.schema import FloatArray, Trace
+
+Options = Mapping[str, str]
+PathLike = str | Path
+
+# Tokens nvidia-smi and friends print for a value they cannot give: read as NaN.
+_MISSING_RE = r"^(\[.*\]|N/?A|n/a|-|)$"
+_NUMBER_RE = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
+
+
+def check_file(path: PathLike, *, allow_dir: bool = False) -> Path:
+    """The path as a Path, or InputError when it does not exist or cannot be read."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(p, "file", "an existing file", "no such file or directory")
+    if p.is_dir() and not allow_dir:
+        raise InputError(p, "file", "a file, not a directory")
+    return p
+
+
+def read_head(path: Path, size: int = 65536) -> bytes:
+    """The first `size` bytes of a file (b'' for a directory)."""
+    if path.is_dir():
+        return b""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(size)
+    except OSError as exc:
+        raise InputError(path, "file", "a readable file", exc.strerror or str(exc)) from None
+
+
+def read_text(path: Path) -> str:
+    """Whole file as text; undecodable bytes become U+FFFD, so they show up as bad fields, not crashes."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, "file", "a readable file", exc.strerror or str(exc)) from None
+    return data.decode("utf-8", errors="replace")
+
+
+def head_text(path: Path, size: int = 65536) -> str:
+    return read_head(path, size).decode("utf-8", errors="replace")
+
+
+def check_options(path: PathLike, options: Options | None, known: Iterable[str], fmt: str) -> dict[str, str]:
+    """Options as a dict; an option the reader does not know is an InputError."""
+    opts = dict(options or {})
+    allowed = set(known)
+    for key in opts:
+        if key not in allowed:
+            listed = ", ".join(sorted(allowed)) or "none"
+            raise InputError(path, f"option {key!r}", f"an option of format {fmt!r} ({listed})")
+    return opts
+
+
+def float_option(path: PathLike, opts: Mapping[str, str], key: str, default: float) -> float:
+    if key not in opts:
+        return default
+    try:
+        value = float(opts[key])
+    except ValueError:
+        raise InputError(path, f"option {key}", "a number", opts[key]) from None
+    if not np.isfinite(value) or value <= 0:
+        raise InputError(path, f"option {key}", "a positive number", opts[key])
+    return value
+
+
+def int_option(path: PathLike, opts: Mapping[str, str], key: str) -> int | None:
+    if key not in opts:
+        return None
+    try:
+        value = int(opts[key])
+    except ValueError:
+        raise InputError(path, f"option {key}", "a whole number", opts[key]) from None
+    if value < 1:
+        raise InputError(path, f"option {key}", "a whole number >= 1", opts[key])
+    return value
+
+
+def synth_uuid(path: PathLike, index: int | str) -> str:
+    """A stable id for a device in a file that names none: `file:<stem>#<index>`."""
+    return f"file:{Path(path).stem}#{index}"
+
+
+def base_meta(path: PathLike, fmt: str, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"source_path": str(path), "format": fmt}
+    meta.update(extra)
+    return meta
+
+
+def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+def strings_to_float(
+    col: pa.Array | pa.ChunkedArray,
+    path: PathLike,
+    field: str,
+    *,
+    row_base: int = 1,
+    strip_suffix: bool = True,
+    hex_ok: bool = False,
+) -> FloatArray:
+    """Parse a column of text numbers (maybe with a unit suffix like '575.3 W') into float64, vectorised.
+
+    Missing tokens ('', '[N/A]', 'N/A', '[Not Supported]', '-') become NaN. Anything else that is not a
+    number is an InputError naming the data row (`row_base` = number of the first row) and the value.
+    """
+    arr = _as_array(col)
+    if pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_null(arr.type):
+        return np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    text = pc.utf8_trim_whitespace(arr)
+    if strip_suffix:
+        # '575.3 W' -> '575.3'; '0 %' -> '0'; a bracketed token keeps its brackets (it is a missing marker).
+        text = pc.replace_substring_regex(text, r"^([^\[\s]+)\s+\S+$", r"\1")
+    missing = pc.fill_null(pc.match_substring_regex(text, _MISSING_RE), True)
+    if hex_ok:
+        is_hex = pc.fill_null(pc.match_substring_regex(text, r"^0[xX][0-9a-fA-F]+$"), False)
+        if pc.any(is_hex).as_py():
+            return _hex_to_float(text, missing, is_hex, path, field, row_base)
+    cleaned = pc.if_else(missing, pa.scalar(None, pa.string()), text)
+    try:
+        out = cleaned.cast(pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = pc.fill_null(pc.match_substring_regex(cleaned, _NUMBER_RE), True)
+        bad = np.flatnonzero(~np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool))
+        i = int(bad[0]) if bad.size else 0
+        raise InputError(path, f"row {row_base + i}, field {field!r}", "a number", arr[i].as_py()) from None
+    return np.asarray(out.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _hex_to_float(
+    text: pa.Array, missing: pa.Array, is_hex: pa.Array, path: PathLike, field: str, row_base: int
+) -> FloatArray:
+    values = text.to_pylist()
+    miss = np.asarray(missing.to_numpy(zero_copy_only=False), dtype=bool)
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):  # bitmask columns are short and rare; plain Python is fine here
+        if miss[i]:
+            continue
+        try:
+            out[i] = float(int(v, 16)) if v.lower().startswith("0x") else float(v)
+        except (ValueError, AttributeError):
+            raise InputError(
+                path, f"row {row_base + i}, field {field!r}", "a number or 0x bitmask", v
+            ) from None
+    return out
+
+
+def parse_timestamps(
+    col: pa.Array | pa.ChunkedArray, path: PathLike, field: str, *, row_base: int = 1
+) -> FloatArray:
+    """nvidia-smi timestamps ('2025/07/27 00:22:27.858', also ISO 'YYYY-MM-DD HH:MM:SS') -> Unix seconds.
+
+    The files carry no zone; we read them as UTC.
+    """
+    arr = _as_array(col)
+    text = pc.replace_substring(pc.utf8_trim_whitespace(arr.cast(pa.string())), "/", "-")
+    try:
+        ts = text.cast(pa.timestamp("us"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = pc.fill_null(
+            pc.match_substring_regex(text, r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?$"), False
+        )
+        bad = np.flatnonzero(~np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool))
+        i = int(bad[0]) if bad.size else 0
+        raise InputError(
+            path,
+            f"row {row_base + i}, field {field!r}",
+            "a timestamp like 2025/07/27 00:22:27.858",
+            arr[i].as_py(),
+        ) from None
+    if ts.null_count:
+        i = int(np.flatnonzero(np.asarray(pc.is_null(ts).to_numpy(zero_copy_only=False)))[0])
+        raise InputError(path, f"row {row_base + i}, field {field!r}", "a timestamp", arr[i].as_py())
+    micros = np.asarray(ts.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    return micros / 1e6
+
+
+def sort_by_time(
+    time: FloatArray, columns: dict[str, FloatArray]
+) -> tuple[FloatArray, dict[str, FloatArray]]:
+    if time.size < 2 or bool(np.all(np.diff(time) >= 0)):
+        return time, columns
+    order = np.argsort(time, kind="stable")
+    return time[order], {k: v[order] for k, v in columns.items()}
+
+
+F = TypeVar("F", bound=Callable[..., list[Trace]])
+
+
+def guarded(fmt: str) -> Callable[[F], F]:
+    """Turn the parse errors of the libraries we read with into one InputError line.
+
+    Our own checks raise InputError with the row and field; this catches what slips past them in
+    malformed bytes (Arrow CSV/Parquet errors, undecodable text, bad YAML) so no traceback escapes.
+    """
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(path: PathLike, *args: Any, **kwargs: Any) -> list[Trace]:
+            try:
+                return fn(path, *args, **kwargs)
+            except InputError:
+                raise
+            except (pa.ArrowException, UnicodeError, yaml.YAMLError, OSError) as exc:
+                raise InputError(path, "file", f"a well-formed {fmt} file", _first_line(exc)) from None
+            except ValueError as exc:  # numpy/float conversion of a malformed field
+                raise InputError(path, "file", f"a well-formed {fmt} file", _first_line(exc)) from None
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+_SIMPLE_NUM = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def is_number(token: str) -> bool:
+    return bool(_SIMPLE_NUM.match(token))
+
+
+def read_csv_strings(
+    path: Path,
+    *,
+    skip_rows: int,
+    n_columns: int,
+    expected: str,
+    delimiter: str = ",",
+    numeric: Iterable[int] = (),
+) -> pa.Table:
+    """Read a CSV with every column as text (columns c0..cN-1), fast, through Arrow.
+
+    Columns in `numeric` are parsed straight to float64 by Arrow (empty = null) when every value is a
+    plain number; if one is not, the whole file is read as text instead, so that `strings_to_float`
+    can name the bad row and value. A row with the wrong number of fields is an InputError naming its
+    line and what was expected.
+    """
+    import pyarrow.csv as pcsv  # local: only the CSV readers need it
+
+    bad: list[Any] = []
+
+    def on_invalid(row: Any) -> str:
+        bad.append(row)
+        return "skip"
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, "file", "a readable file", exc.strerror or str(exc)) from None
+    # Arrow's bad-row callback cannot decode non-UTF-8 text (it prints a stray traceback): check first.
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise InputError(path, f"line {line}", "UTF-8 text", data[exc.start : exc.start + 4]) from None
+    names = [f"c{i}" for i in range(n_columns)]
+    fast = {f"c{i}" for i in numeric if 0 <= i < n_columns}
+
+    def load(typed: set[str]) -> pa.Table:
+        return pcsv.read_csv(
+            pa.BufferReader(data),
+            read_options=pcsv.ReadOptions(skip_rows=skip_rows, column_names=names, block_size=1 << 22),
+            parse_options=pcsv.ParseOptions(
+                delimiter=delimiter, quote_char=False, invalid_row_handler=on_invalid
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types={n: pa.float64() if n in typed else pa.string() for n in names},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+
+    try:
+        table = load(fast)
+    except pa.ArrowInvalid:
+        if not fast:
+            raise
+        bad.clear()
+        table = load(set())  # slow path: text, so the bad value can be named with its row
+    if bad:
+        row = bad[0]
+        text = str(getattr(row, "text", ""))
+        number = getattr(row, "number", None)
+        if not (isinstance(number, int) and number > 0):
+            number = _line_of(data, text)  # multi-threaded Arrow does not know the line; find it
+        where = f"line {number}" if number else "a row"
+        got = f"{getattr(row, 'actual_columns', '?')} fields: {text[:60]!r}"
+        raise InputError(path, where, f"{n_columns} comma-separated fields ({expected})", got)
+    return table
+
+
+def _line_of(data: bytes, text: str) -> int | None:
+    at = data.find(text.encode("utf-8", errors="replace")) if text else -1
+    return data.count(b"\n", 0, at) + 1 if at >= 0 else None

@@ -1,0 +1,193 @@
+"""The live views over `LiveState`: a full-screen textual app (keyboard only, fine over SSH) and a plain
+rich table for scripts. Both are thin: every number and string comes from `live_state`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from rich.table import Table
+from rich.text import Text
+from textual import events
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from phasescope.live_state import COLUMNS, SORT_KEYS, LiveState, Row
+
+HELP_TEXT = """\
+[b]phasescope top[/b]: one row per device, its processes as sub-rows (└).
+
+  [b]s[/b]        cycle the sort column: order, util, mem, power, temp, name
+  [b]/[/b]        filter rows (device name, uuid, process name or pid); Enter keeps it, Esc clears it
+  [b]↑ ↓ PgUp PgDn ← →[/b]  move and scroll
+  [b]?[/b]        this help            [b]q[/b] / [b]Ctrl-C[/b]  quit
+
+Util is the device's utilisation; on a process row it is that process's CPU (100% = one core).
+A value the source did not give is shown as [b]–[/b], never as 0.
+Press any key to close."""
+
+
+class HelpScreen(ModalScreen[None]):
+    """Key help; any key closes it."""
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static {
+        width: auto; max-width: 100; border: round $accent; padding: 1 2; background: $surface;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP_TEXT, id="help-text")
+
+    def on_key(self, event: events.Key) -> None:
+        # Stop it here: the app's own keys (q, s, /) must not act through the modal, only close it.
+        event.stop()
+        event.prevent_default()
+        self.dismiss()
+
+
+class TopApp(App[None]):
+    """Full-screen live table. `start_sampling(stop)` runs in a worker thread and feeds the shared state."""
+
+    TITLE = "phasescope"
+    DEFAULT_CSS = """
+    #table { height: 1fr; }
+    #status { height: 1; background: $boost; padding: 0 1; }
+    #filter { dock: bottom; display: none; }
+    #filter.shown { display: block; }
+    """
+    BINDINGS = [  # noqa: RUF012 (textual's own declaration style)
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("slash", "start_filter", "Filter"),
+        Binding("question_mark", "help", "Help"),
+    ]
+
+    def __init__(
+        self,
+        state: LiveState,
+        start_sampling: Callable[[threading.Event], None] | None = None,
+        *,
+        refresh_s: float = 0.5,
+        duration: float | None = None,
+        sort: str = "order",
+        filter_text: str = "",
+    ) -> None:
+        super().__init__()
+        self.state = state
+        self._start_sampling = start_sampling
+        self._refresh_s = refresh_s
+        self._duration = duration
+        self.sort = sort
+        self.filter_text = filter_text
+        self.stop_event = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._drawn: tuple[int, str, str] | None = None
+        self.shown_rows: list[Row] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical():
+            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="status")
+        yield Input(placeholder="filter: device, uuid, process name or pid", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#table", DataTable)
+        for col in COLUMNS:
+            table.add_column(col.title, key=col.key)
+        if self._start_sampling is not None:
+            self._worker = threading.Thread(
+                target=self._start_sampling, args=(self.stop_event,), name="phasescope-sampler", daemon=True
+            )
+            self._worker.start()
+        if self._duration is not None:
+            self.set_timer(self._duration, self.exit)
+        self.set_interval(self._refresh_s, self.redraw)
+        self.redraw()
+        table.focus()
+
+    def on_unmount(self) -> None:
+        self.stop_sampling()
+
+    def stop_sampling(self, timeout: float = 5.0) -> None:
+        self.stop_event.set()
+        if self._worker is not None and self._worker.is_alive():
+            self._worker.join(timeout)
+
+    # ---- drawing ----
+
+    def redraw(self, force: bool = False) -> None:
+        """Redraw the table when the state, sort or filter changed; the status line every time."""
+        self.query_one("#status", Static).update(Text(self.state.status_line(), no_wrap=True))
+        self.sub_title = f"sort: {self.sort}" + (f" · filter: {self.filter_text}" if self.filter_text else "")
+        key = (self.state.version, self.sort, self.filter_text)
+        if key == self._drawn and not force:
+            return
+        self._drawn = key
+        table = self.query_one("#table", DataTable)
+        selected = None
+        if table.row_count and 0 <= table.cursor_row < len(self.shown_rows):
+            selected = self.shown_rows[table.cursor_row].key
+        rows = self.state.rows(self.sort, self.filter_text)
+        table.clear()
+        for row in rows:
+            style = "bold" if row.kind == "device" else "dim"
+            table.add_row(*(Text(row.cells[c.key], style=style) for c in COLUMNS), key=row.key)
+        self.shown_rows = rows
+        keys = [r.key for r in rows]
+        if selected in keys:
+            table.move_cursor(row=keys.index(selected))
+
+    # ---- actions ----
+
+    def action_cycle_sort(self) -> None:
+        self.sort = SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)]
+        self.redraw()
+
+    def action_start_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("shown")
+        box.value = self.filter_text
+        box.focus()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self.redraw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._close_filter(keep=True)
+
+    def on_key(self, event: object) -> None:
+        key = getattr(event, "key", "")
+        box = self.query_one("#filter", Input)
+        if key == "escape" and box.has_class("shown"):
+            self._close_filter(keep=False)
+
+    def _close_filter(self, keep: bool) -> None:
+        box = self.query_one("#filter", Input)
+        if not keep:
+            self.filter_text = ""
+        box.remove_class("shown")
+        self.query_one("#table", DataTable).focus()
+        self.redraw()
+
+
+def render_table(state: LiveState, sort: str = "order", filter_text: str = "") -> Table:
+    """The same table as the app, as one rich Table (for --once / --plain and logs)."""
+    table = Table(title="phasescope", caption=state.status_line(), caption_justify="left", expand=False)
+    for col in COLUMNS:
+        table.add_column(col.title, no_wrap=True)
+    for row in state.rows(sort, filter_text):
+        table.add_row(*(row.cells[c.key] for c in COLUMNS), style="bold" if row.kind == "device" else "dim")
+    return table

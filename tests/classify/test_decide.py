@@ -1,0 +1,192 @@
+"""Decision math: segments with hysteresis, unknown handling, and the training alarm.
+
+These feed hand-built window probabilities, because they test the rules, not the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from phasescope.classify.decide import (
+    AlarmParams,
+    TrainingAlarm,
+    alarm_times,
+    first_alert,
+    overall_label,
+    segments,
+    viterbi,
+)
+from phasescope.schema import PHASES
+
+
+@dataclass
+class Preds:
+    start: np.ndarray
+    end: np.ndarray
+    proba: np.ndarray
+    labels: list[str]
+    missing_signals: list[str] = field(default_factory=list)
+
+
+def make(seq: str, confidence: float = 0.9, window: float = 30.0, stride: float = 15.0,
+         t0: float = 0.0) -> Preds:
+    """One window per char: T I O . for a confident phase, ? for unknown, t for a weak training lean."""
+    code = {"T": "training", "I": "inference", "O": "other", ".": "idle"}
+    n = len(seq)
+    proba = np.full((n, 4), (1 - confidence) / 3)
+    labels: list[str] = []
+    for i, ch in enumerate(seq):
+        if ch == "?":
+            proba[i] = np.nan
+            labels.append("unknown")
+        elif ch == "t":
+            proba[i] = [0.55, 0.15, 0.15, 0.15]
+            labels.append("training")
+        else:
+            proba[i, PHASES.index(code[ch])] = confidence
+            labels.append(code[ch])
+    start = t0 + stride * np.arange(n, dtype=float)
+    return Preds(start, start + window, proba, labels)
+
+
+def labels_of(p: Preds) -> list[str]:
+    return [s.label for s in segments(p)]
+
+
+def test_one_odd_window_does_not_flip_a_segment() -> None:
+    for odd in "IO.":
+        p = make("TTTTTT" + odd + "TTTTTT", confidence=0.99)
+        segs = segments(p)
+        assert [s.label for s in segs] == ["training"]
+        assert segs[0].n_windows == 13
+
+
+def test_two_odd_windows_do_not_flip_but_a_sustained_change_does() -> None:
+    assert labels_of(make("TTTTTTIITTTTTT", confidence=0.99)) == ["training"]
+    assert labels_of(make("TTTTTTIIIIIITTTTTT", confidence=0.99)) == ["training", "inference", "training"]
+    assert labels_of(make("TTTTTTTT........")) == ["training", "idle"]
+
+
+def test_segment_boundaries_meet_halfway_between_window_centres() -> None:
+    p = make("TTTT....")
+    first, second = segments(p)
+    # last training window [45, 75], first idle window [60, 90]: centres 60 and 75.
+    assert first.start == 0.0 and second.end == p.end[-1]
+    assert first.end == second.start == pytest.approx(67.5)
+    assert first.n_windows == 4 and second.n_windows == 4
+    assert first.probabilities["training"] == pytest.approx(0.9)
+    assert first.confidence == pytest.approx(0.9)
+
+
+def test_short_unknown_run_is_bridged_not_counted() -> None:
+    segs = segments(make("TTTT??TTTT"))
+    assert [s.label for s in segs] == ["training"]
+    assert segs[0].n_windows == 8 and segs[0].n_unknown == 2
+
+
+def test_short_unknown_run_neither_extends_nor_flips_at_a_boundary() -> None:
+    p = make("TTTT??....")
+    a, b = segments(p)
+    assert (a.label, b.label) == ("training", "idle")
+    assert a.n_unknown == 0 and b.n_unknown == 0
+    # Trailing unknown windows do not stretch the last segment to the end of the trace.
+    c = segments(make("TTTTTT??"))
+    assert len(c) == 1 and c[0].end == pytest.approx(5 * 15 + 30)
+
+
+def test_long_unknown_run_becomes_an_unknown_segment() -> None:
+    segs = segments(make("TTTT" + "?" * 6 + "TTTT"))  # 6 windows x 15 s = 90 s >= 60 s
+    assert [s.label for s in segs] == ["training", "unknown", "training"]
+    assert segs[1].n_windows == 6
+    assert all(v is None for v in segs[1].to_dict()["probabilities"].values())
+    assert overall_label(segs) == "training"
+
+
+def test_all_unknown_trace_is_one_unknown_segment() -> None:
+    segs = segments(make("??"))
+    assert [s.label for s in segs] == ["unknown"]
+    assert overall_label(segs) == "unknown"
+    assert overall_label([]) == "unknown"
+
+
+def test_time_gap_splits_segments() -> None:
+    p = make("TTTTTTTT")
+    p.start[4:] += 3600.0
+    p.end[4:] += 3600.0
+    a, b = segments(p)
+    assert a.label == b.label == "training"
+    assert a.end == p.end[3] and b.start == p.start[4]
+
+
+def test_overall_label_is_the_label_with_most_time() -> None:
+    segs = segments(make("TTT" + "I" * 10 + "TTT"))
+    assert [s.label for s in segs] == ["training", "inference", "training"]
+    assert overall_label(segs) == "inference"
+
+
+def test_viterbi_switch_cost_is_the_hysteresis() -> None:
+    ev = np.log(np.array([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1]]))
+    assert viterbi(ev, switch_cost=0.0).tolist() == [0, 1, 0]
+    assert viterbi(ev, switch_cost=3.0).tolist() == [0, 0, 0]
+
+
+# --- alarm -----------------------------------------------------------------------------------------
+
+
+def test_alarm_fires_on_a_sustained_rise_once() -> None:
+    p = make("......" + "T" * 20, confidence=0.99)
+    times = alarm_times(p.end, p.proba[:, 0], AlarmParams(threshold=4.0))
+    assert times.size == 1  # latched while training continues: one alert per episode
+    # 0.99 -> 4.6 nats x 0.5 (half of each window is new data): fires on the 2nd training window.
+    assert times[0] == p.end[7]
+    assert first_alert(p, AlarmParams(threshold=4.0)) == p.end[7]
+
+
+def test_alarm_defaults_never_fire_on_one_window() -> None:
+    for stride in (1.0, 5.0, 15.0):  # overlapping windows; at 30 s a window is 30 s of new data
+        p = make("..T..", confidence=0.999, stride=stride)
+        assert first_alert(p) is None, stride
+        assert first_alert(make(".." + "T" * 60, stride=stride)) is not None, stride
+
+
+def test_alarm_ignores_isolated_spikes() -> None:
+    p = make("....T.....T....T.....T....", confidence=0.99)
+    assert first_alert(p, AlarmParams(threshold=4.0)) is None
+    # Spikes in overlapping windows (stride 5 s, window 30 s) are down-weighted to their new data.
+    q = make("." * 10 + "TT" + "." * 10 + "TTT" + "." * 10, confidence=0.99, stride=5.0)
+    assert first_alert(q, AlarmParams(threshold=4.0, window_s=30.0)) is None
+
+
+def test_alarm_rearms_after_training_ends() -> None:
+    p = make("...TTTTTT......TTTTTT...", confidence=0.99)
+    times = alarm_times(p.end, p.proba[:, 0], AlarmParams(threshold=4.0))
+    assert times.size == 2
+    assert first_alert(p, AlarmParams(threshold=4.0), after=float(times[0]) + 1) == times[1]
+
+
+def test_alarm_weak_lean_needs_drift_free_evidence() -> None:
+    p = make("t" * 40)
+    assert first_alert(p, AlarmParams(threshold=4.0, drift=0.0)) is not None
+    # Demanding p > sigmoid(0.5) = 0.62 stops a steady 0.55 lean from ever alerting.
+    assert first_alert(p, AlarmParams(threshold=4.0, drift=0.5)) is None
+
+
+def test_alarm_streaming_skips_unknown_and_duplicates() -> None:
+    alarm = TrainingAlarm(AlarmParams(threshold=4.0))
+    assert not alarm.update(30.0, float("nan"))
+    assert not alarm.update(45.0, 0.99)
+    assert not alarm.update(45.0, 0.99)  # duplicate window end: not counted twice
+    assert alarm.update(60.0, 0.99)
+    assert alarm.active
+    alarm.reset()
+    assert not alarm.active and alarm.score == 0.0
+
+
+def test_alarm_long_silence_clears_evidence() -> None:
+    alarm = TrainingAlarm(AlarmParams(threshold=4.0, max_gap_s=300.0))
+    assert not alarm.update(30.0, 0.9)  # 2.2 nats
+    assert not alarm.update(1000.0, 0.9)  # after a 970 s gap the first 2.2 nats are forgotten
+    assert alarm.update(1015.0, 0.99)

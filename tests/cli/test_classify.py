@@ -1,0 +1,146 @@
+"""`phasescope classify` on real traces from ../shared/data with the shipped model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from phasescope.classify.model import PhaseModel
+from phasescope.cli import main
+from phasescope.cli.classify import classify_trace, timeline
+from phasescope.sources.replay import read
+
+TRAIN_GPT2 = "sensorguard-rtx3090/20260825_train_gpt2_wikitext_verifier-gpu0_s2_r03/nvml.csv"
+INFER_BERT = "sensorguard-rtx3090/20260825_infer_bert_verifier-gpu0_s0_r01"
+H100 = "nvidia-smi-h100-training/ckpt1.csv"
+CONTRACT = {"path", "device", "label", "probabilities", "missing_signals", "segments", "windows"}
+
+
+@pytest.fixture(scope="module")
+def model() -> PhaseModel:
+    return PhaseModel.load()
+
+
+def run_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict], str]:
+    code = main(["classify", "--json", *args])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()], err
+
+
+def by_index(objs: list[dict], index: int) -> dict:
+    return next(o for o in objs if o["gpu_index"] == index)
+
+
+def test_clear_training_run_is_training_and_its_idle_neighbour_idle(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, objs, err = run_json([str(shared_data / TRAIN_GPT2)], capsys)
+    assert code == 0, err
+    assert by_index(objs, 0)["label"] == "training"  # the GPU under test
+    assert by_index(objs, 1)["label"] == "idle"  # the bystander beside it
+    assert by_index(objs, 0)["probabilities"]["training"] > 0.8
+
+
+def test_clear_inference_run_is_inference(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, objs, err = run_json([str(shared_data / INFER_BERT)], capsys)
+    assert code == 0, err
+    o = by_index(objs, 0)
+    assert o["label"] == "inference"
+    assert [s["label"] for s in o["segments"]].count("training") == 0
+
+
+def test_json_contract(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, objs, _ = run_json([str(shared_data / TRAIN_GPT2)], capsys)
+    assert code == 0 and len(objs) == 2  # one object per device trace
+    for o in objs:
+        assert o.keys() >= CONTRACT
+        assert o["path"] == str(shared_data / TRAIN_GPT2)
+        assert set(o["probabilities"]) == {"training", "inference", "other", "idle"}
+        assert o["windows"] and {"start", "end", "label", "p_training"} <= o["windows"][0].keys()
+        assert all(w["end"] > w["start"] for w in o["windows"])
+        seg = o["segments"][0]
+        assert {"start", "end", "label", "probabilities", "n_windows"} <= seg.keys()
+        # Segments tile the trace in order.
+        segs = o["segments"]
+        assert all(a["end"] <= b["start"] + 1e-9 for a, b in itertools.pairwise(segs))
+        # The overall label is the one holding most segment time.
+        time_by = {}
+        for s in o["segments"]:
+            time_by[s["label"]] = time_by.get(s["label"], 0.0) + s["end"] - s["start"]
+        assert o["label"] == max(time_by, key=time_by.__getitem__)
+
+
+def test_window_and_stride_options(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, default, _ = run_json([str(shared_data / TRAIN_GPT2)], capsys)
+    _, fine, _ = run_json(["--stride", "5", str(shared_data / TRAIN_GPT2)], capsys)
+    w0, w1 = by_index(default, 0)["windows"], by_index(fine, 0)["windows"]
+    assert w1[1]["start"] - w1[0]["start"] == pytest.approx(5.0, abs=1.0)
+    assert len(w1) > 2 * len(w0)
+    assert by_index(fine, 0)["label"] == "training"
+
+
+def test_pcie_less_log_still_answers_and_names_missing_signals(shared_data: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    code, objs, err = run_json([str(shared_data / H100)], capsys)
+    assert code == 0, err
+    assert len(objs) == 8
+    for o in objs:
+        assert {"pcie_tx", "pcie_rx", "sm_clock", "mem_util"} <= set(o["missing_signals"])
+        assert o["label"] == "training"
+
+
+def test_sensorguard_trace_with_pcie_removed(shared_data: Path, model: PhaseModel) -> None:
+    trace = next(t for t in read(shared_data / TRAIN_GPT2) if t.device.index == 0)
+    r = classify_trace(model, trace.without("pcie_tx", "pcie_rx"), TRAIN_GPT2, None, None)
+    assert r.to_json()["missing_signals"] == ["pcie_tx", "pcie_rx"]
+    assert r.label == "training"
+
+
+def test_malformed_file_is_one_line_and_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "broken.csv"
+    bad.write_text("timestamp, power.draw [W]\n2024/01/01 00:00:00.000, lots\n\x00\x01garbage\n")
+    code = main(["classify", str(bad)])
+    out, err = capsys.readouterr()
+    assert code != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(bad) in lines[0], err
+    assert "Traceback" not in err and out == ""
+
+
+def test_bad_path_among_good_ones(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_telemetry = shared_data / "formats/vllm-metrics/DataDog__integrations-core__vllm_metrics.txt"
+    missing = tmp_path / "nope.csv"
+    code, objs, err = run_json([str(not_telemetry), str(shared_data / INFER_BERT), str(missing)], capsys)
+    assert code != 0
+    assert {o["path"] for o in objs} == {str(shared_data / INFER_BERT)}  # the good one still classified
+    lines = err.strip().splitlines()
+    assert len(lines) == 3  # one per bad file, then the count
+    assert str(not_telemetry) in lines[0] and str(missing) in lines[1]
+    assert "2 of 3" in lines[2]
+
+
+def test_human_output_has_table_and_timeline(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["classify", str(shared_data / TRAIN_GPT2)])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "training" in out and "idle" in out
+    assert "TTTTTTTTTT" in out and ".........." in out  # the strips of the two devices
+
+
+def test_timeline_bins_long_traces_by_majority() -> None:
+    assert [c for c, _ in timeline(["training"] * 3 + ["idle"])] == ["T", "T", "T", "."]
+    long = ["training"] * 500 + ["unknown"] + ["idle"] * 499
+    strip = "".join(c for c, _ in timeline(long, width=10))
+    assert strip == "TTTTT....."
+
+
+def test_missing_model_file_is_one_line(shared_data: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["classify", "--model", str(tmp_path / "none.json"), str(shared_data / H100)])
+    _, err = capsys.readouterr()
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "model" in err

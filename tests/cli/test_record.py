@@ -1,0 +1,132 @@
+"""`phasescope record`: replayed real traces end to end, clean stops, and a real recorder killed with -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phasescope.cli import main
+from phasescope.recording import manifest_path_for, partial_dir_for, read_recording
+from phasescope.schema import SIGNAL_NAMES
+from phasescope.sources.replay import read
+
+RUN = "sensorguard-rtx3090/20260824_calib-bursty_verifier-gpu0_s0_r01/nvml.csv"
+
+
+def _recorder(tmp_path: Path, out: Path, source: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "phasescope", "record", "-o", str(out), "--source", source, *extra],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _wait_for(pred: object, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for the recorder")
+
+
+def test_record_a_replayed_real_trace_to_its_end(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = shared_data / RUN
+    out = tmp_path / "r.parquet"
+    # speed 200: the 256 s run plays in ~1.3 s, one sample per 0.1 s (20 recorded seconds).
+    assert main(["record", "-o", str(out), "--source", f"replay:{src}?speed=200", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "recorded" in err and "paper signals never seen: none" in err
+    assert not partial_dir_for(out).exists()
+    m = json.loads(manifest_path_for(out).read_text())
+    assert m["source"] == f"replay:{src}?speed=200" and m["interval_s"] == 0.1
+    assert m["recovered"] is False and m["ticks"] >= 8
+    assert m["duration_s"] > 150  # the whole run, on the recorded clock
+    orig = read(src)
+    got = read_recording(out)
+    assert [t.device.uuid for t in got] == [t.device.uuid for t in orig]
+    for o, g in zip(orig, got, strict=True):
+        # every recorded row is one of the device's real samples (sample-and-hold, no invented values)
+        real_rows = {
+            tuple(np.nan_to_num(np.array([o[s][i] for s in SIGNAL_NAMES]), nan=-1.0)) for i in range(len(o))
+        }
+        for i in range(len(g)):
+            row = tuple(np.nan_to_num(np.array([g[s][i] for s in SIGNAL_NAMES]), nan=-1.0))
+            assert row in real_rows or all(v == -1.0 for v in row)
+
+
+def test_sigterm_finishes_the_recording_cleanly(tmp_path: Path, shared_data: Path) -> None:
+    out = tmp_path / "t.parquet"
+    proc = _recorder(tmp_path, out, f"replay:{shared_data / RUN}?loop=1", "--interval", "0.2")
+    _wait_for(lambda: (partial_dir_for(out) / "seg-00001.arrows").exists())
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err.decode()
+    assert out.exists() and manifest_path_for(out).exists() and not partial_dir_for(out).exists()
+    assert b"Traceback" not in err
+    assert all(len(t) >= 2 for t in read_recording(out))
+
+
+def test_kill_9_loses_at_most_2_s_and_recover_finalises(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "k.parquet"
+    pdir = partial_dir_for(out)
+    # speed 1: the recorded clock runs with the wall clock, so "lost seconds" is measurable.
+    # 1 s segments: the kill lands on closed Parquet segments plus an open IPC tail.
+    proc = _recorder(
+        tmp_path, out, f"replay:{shared_data / RUN}?speed=1&loop=1", "--interval", "0.2", "--segment", "1"
+    )
+    _wait_for(lambda: len(list(pdir.glob("seg-*.parquet"))) >= 2)
+    time.sleep(0.7)
+    killed_at = time.time()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    assert pdir.is_dir() and not out.exists()
+
+    traces = read_recording(pdir)  # a kill -9 leaves something readable
+    assert len(traces) == 2
+    for t in traces:
+        assert t.time[-1] >= killed_at - 2.0, f"lost {killed_at - t.time[-1]:.2f} s"
+        assert np.all(np.diff(t.time) > 0) and np.max(np.diff(t.time)) < 1.0  # no hole between segments
+        assert np.isfinite(t["power"]).all()
+    rows = [len(t) for t in traces]
+
+    assert main(["record", "--recover", str(pdir)]) == 0
+    assert "recorded" in capsys.readouterr().err
+    assert not pdir.exists()
+    m = json.loads(manifest_path_for(out).read_text())
+    assert m["recovered"] is True and m["rows"] == sum(rows)
+    assert [len(t) for t in read_recording(out)] == rows
+
+
+def test_bad_arguments_give_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["record", "--source", "gpu0", "-o", str(tmp_path / "x.parquet")]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--source: spec: expected auto, nvml, host or replay:PATH" in err
+    assert main(["record", "--recover", str(tmp_path / "none.parquet.partial")]) != 0
+    err = capsys.readouterr().err
+    assert "expected a partial phasescope recording" in err and "Traceback" not in err
+    assert main(["record", "--interval", "0.01", "--source", "host"]) != 0
+    assert "--interval" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_default_output_name(tmp_path: Path) -> None:
+    from phasescope.cli.record import default_output
+
+    name = default_output(0.0).name
+    assert name.startswith("phasescope-") and name.endswith("-19700101T000000Z.parquet")

@@ -1,0 +1,273 @@
+"""The hooks in-process, on real (small) PyTorch code: what counts as a forward, a backward, a step."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import phasescope
+from phasescope.instrument import events as ev
+from phasescope.instrument.hooks import Recorder
+from phasescope.instrument.timeline import Timeline, build
+
+torch.manual_seed(0)
+
+
+@contextmanager
+def recording(**kw: Any) -> Iterator[Recorder]:
+    rec = Recorder(None, **kw)
+    rec.install()
+    try:
+        yield rec
+    finally:
+        rec.uninstall()
+
+
+def timeline(rec: Recorder) -> Timeline:
+    return build(rec.process_events())
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, accumulate: int = 1) -> None:
+    for _ in range(n):
+        opt.zero_grad()
+        for _ in range(accumulate):
+            model(torch.randn(5, 8)).square().mean().backward()
+        opt.step()
+
+
+def test_only_the_outermost_call_is_a_forward() -> None:
+    model = mlp()
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(3, 8))
+        model[0](torch.randn(3, 8))  # a submodule called on its own is its own root
+    tl = timeline(rec)
+    assert tl.f_idx.size == 2
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential", "Linear"]
+    assert tl.f_batch.tolist() == [3, 3]
+
+
+def test_gradient_accumulation_and_steps() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with recording() as rec:
+        train_steps(model, opt, 3, accumulate=4)
+    tl = timeline(rec)
+    assert tl.steps == 3
+    assert tl.b_t0.size == 12 and tl.f_trained.sum() == 12
+    assert [s.phase for s in tl.segments] == ["training"]
+    assert tl.segments[0].steps == 3 and tl.segments[0].forwards == 12
+
+
+def test_one_backward_through_two_forwards() -> None:
+    model = mlp()
+    with recording() as rec:
+        a, b = model(torch.randn(4, 8)), model(torch.randn(4, 8))
+        (a - b).square().sum().backward()
+    tl = timeline(rec)
+    assert tl.f_trained.tolist() == [True, True]
+    assert tl.b_t0.size == 1 and tl.b_t1.size == 1 and tl.b_t1[0] >= tl.b_t0[0]
+
+
+def test_backward_without_optimizer_is_training_with_zero_steps() -> None:
+    model = mlp()
+    with recording() as rec:
+        for _ in range(3):
+            loss = model(torch.randn(4, 8)).sum()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad  # type: ignore[operator]
+                    p.grad = None
+    tl = timeline(rec)
+    assert tl.steps == 0
+    assert [s.phase for s in tl.segments] == ["training"] and tl.segments[0].forwards == 3
+
+
+def test_closure_optimizer_counts_forwards_inside_step() -> None:
+    model = mlp()
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    x = torch.randn(6, 8)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    with recording() as rec:
+        for _ in range(2):
+            opt.step(closure)
+    tl = timeline(rec)
+    assert tl.steps == 2
+    assert tl.f_trained.all() and tl.f_in_window.all()
+    assert [s.phase for s in tl.segments] == ["training"]
+
+
+def test_checkpoint_recompute_is_not_a_new_forward() -> None:
+    inner = mlp()
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)  # type: ignore[no-any-return]
+
+    model = Outer()
+    with recording() as rec:
+        model(torch.randn(4, 8)).sum().backward()
+    tl = timeline(rec)
+    assert tl.f_idx.size == 1 and tl.f_trained.tolist() == [True]
+
+
+def test_exception_in_forward_keeps_depth_right() -> None:
+    class Boom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom")
+
+    model = nn.Sequential(nn.Linear(8, 8), Boom())
+    with recording() as rec, torch.no_grad():
+        with pytest.raises(ValueError):
+            model(torch.randn(2, 8))
+        model[0](torch.randn(2, 8))
+    tl = timeline(rec)
+    assert tl.f_idx.size == 2
+    assert tl.flag(ev.RAISED).tolist() == [True, False]
+
+
+def test_state_flags_and_token_inputs() -> None:
+    emb = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+    with recording() as rec:
+        emb(torch.randint(0, 50, (3, 7)))
+        emb.eval()
+        with torch.inference_mode():
+            emb(torch.randint(0, 50, (2, 5)))
+    tl = timeline(rec)
+    assert tl.flag(ev.TOKEN_INPUT).all()
+    assert tl.f_seq.tolist() == [7, 5] and tl.f_batch.tolist() == [3, 2]
+    assert tl.flag(ev.GRAD_ENABLED).tolist() == [True, False]
+    assert tl.flag(ev.INFERENCE_MODE).tolist() == [False, True]
+    assert tl.flag(ev.MODULE_TRAINING).tolist() == [True, False]
+    assert tl.flag(ev.HAS_GRAPH).tolist() == [True, False]
+
+
+def test_dict_output_and_keyword_inputs() -> None:
+    class HFLike(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(30, 4)
+
+        def forward(self, input_ids: torch.Tensor, labels: Any = None) -> dict[str, torch.Tensor]:
+            logits = self.emb(input_ids)
+            return {"loss": logits.square().mean(), "logits": logits}
+
+    model = HFLike()
+    with recording() as rec:
+        model(input_ids=torch.randint(0, 30, (2, 9)), labels=None)["loss"].backward()
+    tl = timeline(rec)
+    assert tl.f_batch.tolist() == [2] and tl.f_seq.tolist() == [9]
+    assert tl.f_trained.tolist() == [True]
+
+
+def test_forwards_from_threads_are_all_counted() -> None:
+    model = mlp().eval()
+
+    def serve() -> None:
+        with torch.no_grad():
+            for _ in range(25):
+                model(torch.randn(1, 8))
+
+    with recording() as rec:
+        threads = [threading.Thread(target=serve) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    tl = timeline(rec)
+    assert tl.f_idx.size == 100 and tl.inference_mask.all()
+    assert np.all(tl.f_t1 >= tl.f_t0)
+
+
+def test_flop_and_memory_sample_on_one_step() -> None:
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters())
+    with recording(flop_sample_step=2) as rec:
+        train_steps(model, opt, 4)
+    assert rec.flop_sample is not None and rec.flop_sample["step"] == 2
+    # fwd: 2*5*(8*16+16*4) FLOPs; bwd: weight grads of both layers + input grad of the second only
+    # (the input needs no grad), i.e. 2x fwd - 2*5*8*16
+    fwd = 2 * 5 * (8 * 16 + 16 * 4)
+    assert rec.flop_sample["flops"] == fwd + 2 * fwd - 2 * 5 * 8 * 16
+    n_bytes = sum(p.numel() * 4 for p in model.parameters())
+    # Adam keeps exp_avg and exp_avg_sq per parameter, plus a scalar step tensor per parameter.
+    mem = rec.memory_sample
+    assert mem is not None
+    assert mem["param_bytes"] == n_bytes and mem["grad_bytes"] == n_bytes
+    assert 2 * n_bytes <= mem["optimizer_state_bytes"] <= 2 * n_bytes + 4 * 8
+    tl = timeline(rec)
+    assert tl.w_flop_sampled.tolist() == [False, False, True, False]
+
+
+def test_uninstall_stops_recording() -> None:
+    model = mlp()
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(1, 8))
+    n = len(rec.buffer)
+    with torch.no_grad():
+        model(torch.randn(1, 8))
+    assert len(rec.buffer) == n
+
+
+def test_public_api_is_callable_twice() -> None:
+    try:
+        first = phasescope.instrument()
+        second = phasescope.instrument()  # the name now refers to the subpackage, which is callable
+        assert first is second
+        with torch.no_grad():
+            mlp()(torch.randn(2, 8))
+        assert phasescope.instrument.summary()["forwards"] == 1  # type: ignore[attr-defined]
+    finally:
+        phasescope.instrument.uninstall()  # type: ignore[attr-defined]
+    assert phasescope.instrument.current() is None  # type: ignore[attr-defined]
+
+
+def test_no_hook_left_on_user_modules_so_they_still_pickle(tmp_path: Any) -> None:
+    model = mlp()
+    with recording(), torch.no_grad():
+        model(torch.randn(2, 8))
+        with pytest.raises(RuntimeError):
+            model(torch.randn(2, 3))  # shape error inside the forward
+        model(torch.randn(2, 8))  # the failed call's hook is cleaned up here
+        assert not model._forward_hooks
+        torch.save(model, tmp_path / "model.pt")  # whole-module pickling must not meet a phasescope object
+
+
+def test_module_calling_itself_is_one_forward() -> None:
+    class Recursive(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, depth: int = 2) -> torch.Tensor:
+            x = self.lin(x)
+            return self(x, depth - 1) if depth else x
+
+    model = Recursive()
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(1, 4))
+        model(torch.randn(1, 4))
+    tl = timeline(rec)
+    assert tl.f_idx.size == 2

@@ -1,0 +1,61 @@
+"""Labels from hooks in the columns of the shared labels.csv, on the recording's device index."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from phasescope.instrument import events as ev
+from phasescope.instrument.hooks import Recorder
+from phasescope.instrument.labels import LABEL_COLUMNS, label_rows, write_labels_csv
+from phasescope.schema import DeviceInfo
+
+
+def test_rows_follow_labels_csv_and_segments(tmp_path: Path, shared_data: Path) -> None:
+    with open(shared_data / "labels.csv", newline="") as fh:
+        assert tuple(next(csv.reader(fh))) == LABEL_COLUMNS
+
+    rec = Recorder(tmp_path / "events", flush_s=0)
+    rec.install()
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            for _ in range(4):
+                model(torch.randn(2, 4))
+    finally:
+        rec.uninstall()
+    host = ev.device_for_host()
+    devices = [DeviceInfo(uuid="GPU-other", index=0), DeviceInfo(uuid=host, name="cpu", index=1)]
+    rows = label_rows(tmp_path / "events", "rec.parquet", devices, family="mlp", run="r1")
+    assert [r["label"] for r in rows] == ["training", "inference"]
+    assert {r["gpu_index"] for r in rows} == {1}
+    assert float(rows[0]["t_to"]) <= float(rows[1]["t_from"])
+    out = write_labels_csv(rows, tmp_path / "labels.csv")
+    write_labels_csv(rows[:1], out)  # append keeps one header
+    with open(out, newline="") as fh:
+        read = list(csv.DictReader(fh))
+    assert [r["label"] for r in read] == ["training", "inference", "training"]
+    assert read[0]["path"] == "rec.parquet" and read[0]["run"] == "r1"
+
+
+def test_device_not_in_recording_is_left_out(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "events", flush_s=0)
+    rec.install()
+    try:
+        with torch.no_grad():
+            nn.Linear(2, 2)(torch.ones(1, 2))
+    finally:
+        rec.uninstall()
+    devices = [DeviceInfo(uuid="GPU-a", index=0), DeviceInfo(uuid="GPU-b", index=1)]
+    assert label_rows(tmp_path / "events", "x.parquet", devices) == []
+    # A one-device recording takes the CPU process's segments.
+    assert len(label_rows(tmp_path / "events", "x.parquet", devices[:1])) == 1

@@ -1,0 +1,121 @@
+"""HostSource and CombinedSource on real processes: a torch child, a plain child, and vanishing PIDs."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import psutil
+import pytest
+
+from phasescope.schema import SIGNAL_NAMES
+from phasescope.sources import host as host_module
+from phasescope.sources.base import SIGNAL_COLUMN
+from phasescope.sources.host import CombinedSource, HostSource
+from phasescope.sources.nvml import NvmlSource
+from phasescope.sources.replay import read
+from tests.fakes.fake_nvml import FakeProcess
+
+SPAR_BERT = "spar-a100/bert_sst2_amp_NVIDIA_A100_SXM4_40GB_90abf7ca_20260309_182528.parquet"
+_WAIT = "import sys, time; print('ready', flush=True); time.sleep(120)"
+
+
+def _spawn(code: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready", "child did not start"
+    return proc
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def torch_child() -> Iterator[subprocess.Popen[str]]:
+    proc = _spawn("import torch\n" + _WAIT)
+    yield proc
+    _stop(proc)
+
+
+@pytest.fixture
+def plain_child() -> Iterator[subprocess.Popen[str]]:
+    proc = _spawn(_WAIT)
+    yield proc
+    _stop(proc)
+
+
+def test_host_row_is_cpu_and_ram():
+    src = HostSource(find_torch=False)
+    (dev,) = src.devices()
+    assert dev.uuid == f"host:{socket.gethostname()}"
+    batch = src.read()
+    row = batch.values[0]
+    assert 0.0 <= row[SIGNAL_COLUMN["gpu_util"]] <= 1.0
+    assert row[SIGNAL_COLUMN["mem_total"]] == psutil.virtual_memory().total
+    assert 0 < row[SIGNAL_COLUMN["mem_used"]] <= row[SIGNAL_COLUMN["mem_total"]]
+    others = [SIGNAL_COLUMN[s] for s in SIGNAL_NAMES if s not in ("gpu_util", "mem_used", "mem_total")]
+    assert np.isnan(row[others]).all()
+
+
+def test_finds_the_torch_process_and_survives_it_vanishing(torch_child, plain_child):
+    src = HostSource(scan_s=0.0)
+    src.read()
+    assert torch_child.pid in src.torch_pids()
+    assert plain_child.pid not in src.torch_pids()  # python, but no torch
+    batch = src.read()
+    by_pid = {p.pid: p for p in batch.processes}
+    assert plain_child.pid not in by_pid
+    p = by_pid[torch_child.pid]
+    assert p.uses_torch and p.device_uuid == src.devices()[0].uuid
+    assert p.rss > 50e6  # torch's libraries are mapped and touched
+    assert p.threads >= 1 and math.isfinite(p.cpu_util) and p.cpu_util >= 0
+    assert math.isfinite(p.read_bytes) and math.isfinite(p.write_bytes)
+
+    # A watched process that vanishes between ticks is skipped and counted, never raised.
+    short = _spawn(_WAIT)
+    src.watch([short.pid])
+    assert short.pid in {p.pid for p in src.read().processes}
+    _stop(short)
+    batch = src.read()
+    assert short.pid not in {p.pid for p in batch.processes}
+    assert src.error_counts().get("psutil.NoSuchProcess", 0) >= 1
+    assert torch_child.pid in {p.pid for p in batch.processes}
+
+
+@pytest.mark.parametrize("linux_fast_path", [True, False])
+def test_first_cpu_sample_is_nan_not_zero(plain_child, monkeypatch, linux_fast_path):
+    monkeypatch.setattr(host_module, "_LINUX", linux_fast_path)  # False: the portable psutil path
+    src = HostSource(find_torch=False)
+    src.watch([plain_child.pid])
+    (first,) = src.read().processes
+    (second,) = src.read().processes
+    assert math.isnan(first.cpu_util) and math.isfinite(second.cpu_util)
+    assert first.name == psutil.Process(plain_child.pid).name() and first.threads >= 1
+    assert first.rss == pytest.approx(psutil.Process(plain_child.pid).memory_info().rss, abs=2**20)
+    _stop(plain_child)
+    assert src.read().processes == []
+    assert src.error_counts() == {"psutil.NoSuchProcess": 1}
+
+
+def test_combined_source_enriches_gpu_processes(fake_nvml, shared_data, torch_child, plain_child):
+    traces = read(shared_data / SPAR_BERT)
+    fake_nvml(traces, processes={0: [FakeProcess(plain_child.pid, 5 * 2**30, sm_util_pct=40)]})
+    src = CombinedSource(NvmlSource(), HostSource(scan_s=0.0), host_row=True)
+    src.read()
+    batch = src.read()
+    assert [d.uuid for d in batch.devices] == [traces[0].device.uuid, f"host:{socket.gethostname()}"]
+    assert batch.values.shape == (2, len(SIGNAL_NAMES))
+    by_pid = {p.pid: p for p in batch.processes}
+    gpu_proc = by_pid[plain_child.pid]
+    assert gpu_proc.device_uuid == traces[0].device.uuid
+    assert gpu_proc.gpu_mem_used == 5 * 2**30 and gpu_proc.sm_util == pytest.approx(0.4)
+    assert gpu_proc.rss > 0 and math.isfinite(gpu_proc.cpu_util) and not gpu_proc.uses_torch
+    torch_proc = by_pid[torch_child.pid]  # on no GPU, but worth watching
+    assert torch_proc.uses_torch and torch_proc.device_uuid == f"host:{socket.gethostname()}"
+    src.close()

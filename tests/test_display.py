@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from phasescope.display import (
+    MISSING,
+    fmt_bytes,
+    fmt_pair,
+    fmt_rate,
+    fmt_ratio,
+    fmt_signal,
+    sparkline,
+)
+from phasescope.schema import SIGNAL_NAMES
+
+
+@pytest.mark.parametrize("signal", SIGNAL_NAMES)
+def test_every_signal_formats_missing_as_dash(signal: str) -> None:
+    assert fmt_signal(signal, math.nan) == MISSING
+    assert fmt_signal(signal, None) == MISSING
+    assert fmt_signal(signal, 0.0) != MISSING  # a real zero is shown as a zero
+
+
+def test_units() -> None:
+    assert fmt_ratio(0.456) == "46%"
+    assert fmt_bytes(24 * 1024**3) == "24.0 GiB"
+    assert fmt_bytes(512.0) == "512 B"
+    assert fmt_rate(12_345_678.0) == "12.3 MB/s"
+    assert fmt_signal("sm_clock", 1.41e9) == "1410 MHz"
+    assert fmt_signal("power", 231.4) == "231 W"
+    assert fmt_pair(MISSING, MISSING) == MISSING
+    assert fmt_pair("1 W", MISSING) == "1 W / –"
+
+
+def test_sparkline_scale_and_gaps() -> None:
+    line = sparkline(np.array([0.0, 0.5, 1.0, np.nan, 1.0]), width=8, lo=0.0, hi=1.0)
+    assert line == "   ▁▅█ █"  # padded left to the width, a gap for the missing sample
+    assert sparkline(np.array([np.nan, np.nan]), width=3) == "   "
+    assert sparkline(np.arange(100.0), width=10) == sparkline(np.arange(90.0, 100.0), width=10)
+    assert len(sparkline(np.array([5.0, 5.0]), width=4)) == 4

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from phasescope.display import MISSING, fmt_bytes, fmt_ratio, sparkline
+from phasescope.live_state import DEFAULT_HISTORY, MAX_PROCESS_ROWS, SPARK_WIDTH, LiveState
+from phasescope.schema import ProcessSample, Trace
+from phasescope.sources.base import TickBatch
+from tests.live_helpers import ticks, training_traces
+
+
+@pytest.fixture(scope="module")
+def traces(shared_data: Path) -> list[Trace]:
+    return training_traces(shared_data)
+
+
+def _mid_workload(traces: list[Trace]) -> int:
+    """A tick a minute into the training span, where GPU 0 works and GPU 1 idles."""
+    t0 = traces[0]
+    return int(np.searchsorted(t0.time, t0.meta["t_from"] + 60))
+
+
+def _state_at(traces: list[Trace], upto: int) -> LiveState:
+    state = LiveState("replay")
+    for batch in ticks(traces, 0, upto + 1):
+        state.ingest(batch)
+    return state
+
+
+def test_rows_show_the_latest_real_values(traces: list[Trace]) -> None:
+    i = _mid_workload(traces)
+    state = _state_at(traces, i)
+    rows = state.rows()
+    assert [r.key for r in rows] == [t.device.uuid for t in traces]
+    for row, trace in zip(rows, traces, strict=True):
+        assert row.cells["util"] == fmt_ratio(trace["gpu_util"][i])
+        # The SensorGuard log has no memory total or power limit: shown as missing, never as 0.
+        assert row.cells["mem"] == f"{fmt_bytes(trace['mem_used'][i])} / {MISSING}"
+        assert row.cells["power"].endswith(f"W / {MISSING}")
+        assert row.cells["spark_util"] == sparkline(trace["gpu_util"][: i + 1], SPARK_WIDTH, 0.0, 1.0)
+    assert state.ticks == i + 1
+
+
+def test_history_is_a_ring_of_the_last_ticks(traces: list[Trace]) -> None:
+    n = DEFAULT_HISTORY + 57
+    state = _state_at(traces, n - 1)
+    uuid = traces[0].device.uuid
+    np.testing.assert_array_equal(state.history(uuid, "power"), traces[0]["power"][n - DEFAULT_HISTORY : n])
+    np.testing.assert_array_equal(state.history_times(uuid), traces[0].time[n - DEFAULT_HISTORY : n])
+    assert np.isnan(state.history(uuid, "mem_total")).all()
+
+
+def test_sort_by_util_puts_the_training_gpu_first(traces: list[Trace]) -> None:
+    state = _state_at(traces, _mid_workload(traces))
+    busy, idle = traces[0].device.uuid, traces[1].device.uuid
+    assert [r.key for r in state.rows("util")] == [busy, idle]
+    assert [r.key for r in state.rows("power")] == [busy, idle]
+    with pytest.raises(ValueError, match="sort must be one of"):
+        state.rows("colour")
+
+
+def test_filter_matches_uuid_and_hides_the_rest(traces: list[Trace]) -> None:
+    state = _state_at(traces, 5)
+    uuid = traces[1].device.uuid
+    assert [r.key for r in state.rows(filter_text=uuid[-8:].upper())] == [uuid]
+    assert state.rows(filter_text="no such device") == []
+
+
+def test_lost_and_dark_devices_are_said_not_crashed(traces: list[Trace]) -> None:
+    state = _state_at(traces, 10)
+    gone = traces[1].device.uuid
+    batch = next(ticks(traces, 11, 12))
+    # 1) the source stops listing a device
+    state.ingest(TickBatch(batch.time, batch.devices[:1], batch.values[:1]))
+    row = {r.key: r for r in state.rows()}[gone]
+    assert "LOST" in row.cells["info"] and row.cells["util"] == MISSING
+    assert "NO DATA" in state.status_line() and "lost" in state.status_line()
+    state.ingest(batch)
+    assert "is back" in state.status_line()
+    # 2) the source keeps the row but it reads NaN (what the NVML source does for a GPU off the bus)
+    dark = batch.values.copy()
+    dark[1, :] = np.nan
+    state.ingest(TickBatch(batch.time + 1, batch.devices, dark, events=["GPU lost: #1 (test)"]))
+    row = {r.key: r for r in state.rows()}[gone]
+    assert "NO DATA" in row.cells["info"]
+    assert all(row.cells[k] == MISSING for k in ("util", "mem", "power", "temp", "clocks", "pcie"))
+    assert "GPU lost: #1 (test)" in state.status_line()
+
+
+def _me(device_uuid: str | None, cpu: float) -> ProcessSample:
+    """A real process (this test) as a source would report it."""
+    p = psutil.Process(os.getpid())
+    return ProcessSample(time=0.0, pid=p.pid, device_uuid=device_uuid, name=p.name(), cpu_util=cpu,
+                         rss=float(p.memory_info().rss), threads=float(p.num_threads()), uses_torch=False)
+
+
+def test_process_sub_rows(traces: list[Trace]) -> None:
+    state = LiveState("test")
+    batch = next(ticks(traces[:1], 0, 1))  # one device: a process with no device belongs to it
+    batch.processes = [_me(None, 0.25)]
+    state.process_labels[os.getpid()] = "demo training"
+    state.ingest(batch)
+    rows = state.rows()
+    assert [r.kind for r in rows] == ["device", "process"]
+    proc = rows[1]
+    assert proc.cells["name"].startswith(f"  └ {os.getpid()} ")
+    assert proc.cells["util"] == "25%"
+    assert proc.cells["mem"].startswith("rss ")
+    assert "no torch" in proc.cells["info"] and "demo training" in proc.cells["info"]
+    assert [r.kind for r in state.rows(filter_text="demo training")] == ["device", "process"]
+
+
+def test_many_processes_are_capped_and_sorted(traces: list[Trace]) -> None:
+    state = LiveState("test")
+    batch = next(ticks(traces, 0, 1))
+    uuid = traces[0].device.uuid
+    base = _me(uuid, 0.0)
+    batch.processes = [
+        ProcessSample(time=0.0, pid=base.pid + k, device_uuid=uuid, name=base.name, cpu_util=k / 100)
+        for k in range(MAX_PROCESS_ROWS + 3)
+    ]
+    state.ingest(batch)
+    rows = [r for r in state.rows("util") if r.device_uuid == uuid and r.kind == "process"]
+    assert len(rows) == MAX_PROCESS_ROWS + 1 and rows[-1].cells["name"].endswith("+3 more")
+    assert rows[0].cells["util"] == fmt_ratio((MAX_PROCESS_ROWS + 2) / 100)  # busiest first
+    assert rows[1].cells["info"].endswith(f"{MISSING} thr · no torch")
