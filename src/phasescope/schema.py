@@ -37,7 +37,7 @@ class Signal:
 
 _SIGNALS: tuple[Signal, ...] = (
     Signal("gpu_util", "ratio", "Fraction of the last sample period in which a kernel ran", paper=True),
-    Signal("mem_util", "ratio", "Fraction of the last sample period in which device memory was read or written",
+    Signal("mem_util", "ratio", "Fraction of the last sample period in which memory was read or written",
            paper=True),
     Signal("mem_used", "bytes", "Device memory in use", paper=True),
     Signal("power", "watts", "Board power draw", paper=True),
@@ -189,7 +189,8 @@ class Trace:
 
     def without(self, *names: str) -> Trace:
         """A copy with the named signals removed (as if the source never had them)."""
-        return Trace(self.device, self.time, {k: v for k, v in self.columns.items() if k not in names}, self.meta)
+        kept = {k: v for k, v in self.columns.items() if k not in names}
+        return Trace(self.device, self.time, kept, self.meta)
 
     @staticmethod
     def concat(traces: list[Trace]) -> Trace:
