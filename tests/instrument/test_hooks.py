@@ -182,7 +182,7 @@ def test_dict_output_and_keyword_inputs() -> None:
     assert tl.f_trained.tolist() == [True]
 
 
-@pytest.mark.xfail(reason="known race: outermost forwards from concurrent threads can be lost under load (issue 4)", strict=False)
+@pytest.mark.xfail(reason="known race: threaded outermost forwards lost under load (issue 4)", strict=False)
 def test_forwards_from_threads_are_all_counted() -> None:
     model = mlp().eval()
 
