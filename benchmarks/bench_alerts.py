@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=4, help="outer folds (the inner CV uses the other k-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stride", type=float, default=5.0, help="seconds between alarm windows (a priori: 5)")
+    ap.add_argument("--window", type=float, default=None,
+                    help="window seconds of the alarm's model (default: the shipped 30 s); "
+                         "the model is refitted with this window and a stride of half of it")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
 
@@ -107,22 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     n_known = sum(c.onset is not None and c.onset_known for c in cases)
     print(f"{len(examples)} labelled examples, {len(cases)} alarm cases "
           f"({n_known} training runs with a recorded start)", flush=True)
-    table = train.build_table(examples)
+    config = train.WindowConfig()
+    if args.window is not None:
+        config = train.WindowConfig(window_s=args.window, stride_s=args.window / 2)
+    table = train.build_table(examples, config)
     index = {id(e): i for i, e in enumerate(table.examples)}
     subsets = needed_subsets([c.trace for c in cases])
 
     def fit(exs: Sequence[Example]) -> Any:
-        return train.fit_model(table, np.array([index[id(e)] for e in exs], dtype=np.int64), subsets=subsets)
+        return train.fit_model(table, np.array([index[id(e)] for e in exs], dtype=np.int64), subsets=subsets,
+                               config=config)
 
     def predict(model: Any, trace: Trace) -> Any:
         return with_windows(model, None, args.stride).predict_trace(trace, evidence=False)
 
-    base = decide.AlarmParams(window_s=train.WindowConfig().window_s)
+    base = decide.AlarmParams(window_s=config.window_s)
     nested = alert_eval.nested_alarm_cv(examples, cases, fit, predict, base, k=args.k, seed=args.seed,
                                         progress=lambda m: print(m, flush=True))
     results = {
         "command": "benchmarks/bench_alerts.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "stride_s": args.stride,
+        "window_s": config.window_s,
         "k": args.k,
         "chosen": [{"fold": f, **p.to_dict()} for f, p in nested.chosen],
         "nested": report("alarm parameters chosen by nested CV", nested.outer),

@@ -1,8 +1,10 @@
 """Overhead of phasescope's PyTorch hooks vs plain PyTorch and vs torch.profiler, in one process.
 
 Two workloads on the CPU, single-threaded: a training step of a small transformer LM (~10 ms: forward,
-backward, AdamW step) and an inference call of an MLP under inference_mode (~1 ms). Each repetition runs one
-block of calls per mode, in a shuffled order (interleaved, so drift and neighbours hit every mode alike).
+backward, AdamW step) and an inference call of an MLP under inference_mode (~1 ms). Modes: plain, phasescope's
+hooks, torch.profiler, and two no-op global module hooks (torch's own cost of the hook API phasescope uses:
+the floor no hook through it can go below). Each repetition runs one block of calls per mode, in a shuffled
+order (interleaved, so drift and neighbours hit every mode alike).
 Time is this thread's CPU time (`time.thread_time`): torch runs single-threaded here, so the figure is the
 work done, not the time other processes on a shared machine took the core away. Per mode we report the median
 block (mean time per call); the overhead is the median over repetitions of the paired ratio to plain, and,
@@ -77,8 +79,22 @@ def block(fn: Callable[[], None], n: int) -> float:
     return (time.thread_time() - t) / n
 
 
-def per_call_cost(rec: Recorder, n: int = 20000) -> tuple[float, float]:
-    """Extra seconds per module call the hooks add: (outermost call, nested call), interleaved, best of 5."""
+def _noop_global_hooks() -> Callable[[], None]:
+    """The same two global hooks phasescope registers, doing nothing: torch's own cost of having them."""
+    mm = torch.nn.modules.module
+    pre = mm.register_module_forward_pre_hook(lambda m, a: None)
+    post = mm.register_module_forward_hook(lambda m, a, k, o=None: None, with_kwargs=True, always_call=True)
+
+    def remove() -> None:
+        pre.remove()
+        post.remove()
+
+    return remove
+
+
+def per_call_cost(rec: Recorder, n: int = 20000) -> tuple[float, float, float, float]:
+    """Extra seconds per module call, interleaved, best of 5: (outermost, nested) for the hooks, and the
+    part of each that is torch's own dispatch of two no-op global hooks."""
     inner = nn.Identity()
     outer = nn.Sequential(*[nn.Identity() for _ in range(9)])  # 1 root + 9 nested calls
     x = torch.ones(1)
@@ -91,8 +107,15 @@ def per_call_cost(rec: Recorder, n: int = 20000) -> tuple[float, float]:
 
     root: list[float] = []
     nested: list[float] = []
+    t_root: list[float] = []
+    t_nested: list[float] = []
     for _ in range(5):
         a, b = timed(inner), timed(outer)
+        remove = _noop_global_hooks()
+        try:
+            e, f = timed(inner), timed(outer)
+        finally:
+            remove()
         rec.install()
         try:
             c, d = timed(inner), timed(outer)
@@ -100,7 +123,9 @@ def per_call_cost(rec: Recorder, n: int = 20000) -> tuple[float, float]:
             rec.uninstall()
         root.append(c - a)
         nested.append(((d - b) - (c - a)) / 9)
-    return min(root), min(nested)
+        t_root.append(e - a)
+        t_nested.append(((f - b) - (e - a)) / 9)
+    return min(root), min(nested), min(t_root), min(t_nested)
 
 
 def module_calls(fn: Callable[[], None]) -> int:
@@ -124,11 +149,17 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder)
     for _ in range(4):  # the hooks' one FLOP/memory sample happens here, as early in a real run
         fn()
     rec.uninstall()
-    times: dict[str, list[float]] = {"plain": [], "phasescope": [], "torch.profiler": []}
+    times: dict[str, list[float]] = {"plain": [], "phasescope": [], "torch.profiler": [], "no-op hooks": []}
 
     def run_mode(mode: str) -> float:
         if mode == "plain":
             return block(fn, n)
+        if mode == "no-op hooks":
+            remove = _noop_global_hooks()
+            try:
+                return block(fn, n)
+            finally:
+                remove()
         if mode == "phasescope":
             rec.install()
             try:
@@ -149,18 +180,27 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder)
     plain = times["plain"]
     ratio_hooks = statistics.median(h / p for h, p in zip(times["phasescope"], plain, strict=True))
     ratio_prof = statistics.median(h / p for h, p in zip(times["torch.profiler"], plain, strict=True))
+    ratio_noop = statistics.median(h / p for h, p in zip(times["no-op hooks"], plain, strict=True))
     best = {m: min(v) for m, v in times.items()}
     print(f"{name}: plain {med['plain'] * 1e3:.3f} ms | "
           f"phasescope {med['phasescope'] * 1e3:.3f} ms, overhead {100 * (ratio_hooks - 1):+.2f}% "
           f"(fastest blocks {100 * (best['phasescope'] / best['plain'] - 1):+.2f}%) | "
           f"torch.profiler {med['torch.profiler'] * 1e3:.3f} ms, overhead {100 * (ratio_prof - 1):+.2f}% "
           f"(fastest blocks {100 * (best['torch.profiler'] / best['plain'] - 1):+.2f}%)")
+    noop_best = 100 * (best["no-op hooks"] / best["plain"] - 1)
+    print(f"  torch's own cost of two no-op global module hooks (the floor of this API): "
+          f"{100 * (ratio_noop - 1):+.2f}% (fastest blocks {noop_best:+.2f}%)")
     calls = module_calls(fn)
-    root_s, nested_s = per_call_cost(rec)
+    root_s, nested_s, torch_root_s, torch_nested_s = per_call_cost(rec)
     model = (root_s + (calls - 1) * nested_s) / med["plain"]
+    floor = (torch_root_s + (calls - 1) * torch_nested_s) / med["plain"]
     print(f"  model: {calls} module calls per call/step (1 outermost); hooks cost {root_s * 1e6:.2f} us per "
           f"outermost and {nested_s * 1e6:.2f} us per nested module call -> overhead {100 * model:.2f}%")
-    return {"plain": med["plain"], "hooks": ratio_hooks, "profiler": ratio_prof, "model": model}
+    print(f"  of which torch's dispatch of two no-op global module hooks: {torch_root_s * 1e6:.2f} us per "
+          f"outermost, {torch_nested_s * 1e6:.2f} us per nested call -> {100 * floor:.2f}% (the floor of "
+          f"this API)")
+    return {"plain": med["plain"], "hooks": ratio_hooks, "profiler": ratio_prof, "noop": ratio_noop,
+            "model": model}
 
 
 def main() -> None:

@@ -41,3 +41,25 @@ def test_sparkline_scale_and_gaps() -> None:
     assert sparkline(np.array([np.nan, np.nan]), width=3) == "   "
     assert sparkline(np.arange(100.0), width=10) == sparkline(np.arange(90.0, 100.0), width=10)
     assert len(sparkline(np.array([5.0, 5.0]), width=4)) == 4
+
+
+def test_money_durations_and_si_counts() -> None:
+    from phasescope.display import fmt_seconds, fmt_si, fmt_usd
+
+    assert fmt_usd(1234.5) == "$1,234.50" and fmt_usd(0) == "$0.00"
+    assert fmt_usd(0.0000449) == "$0.0000449"  # three significant digits, never $0.00 for a real cost
+    assert fmt_usd(None) == MISSING and fmt_usd(math.nan) == MISSING
+    assert fmt_seconds(0.00042) == "420 µs" and fmt_seconds(0.0042) == "4.2 ms"
+    assert fmt_seconds(0.042) == "42 ms" and fmt_seconds(42.0) == "42.0 s"
+    assert fmt_seconds(600) == "10.0 m" and fmt_seconds(9000) == "2.5 h" and fmt_seconds(math.inf) == MISSING
+    assert fmt_si(987) == "987" and fmt_si(40217.3) == "40.2k" and fmt_si(1.35e6) == "1.35M"
+    assert fmt_si(0.25) == "0.25" and fmt_si(None) == MISSING
+
+
+def test_phase_palette_covers_every_phase() -> None:
+    from phasescope.display import PHASE_BADGE, PHASE_HEX
+    from phasescope.schema import PHASES
+
+    for phase in (*PHASES, "unknown"):
+        assert phase in PHASE_HEX and phase in PHASE_BADGE
+    assert len(set(PHASE_HEX.values())) == len(PHASE_HEX)  # every phase its own colour

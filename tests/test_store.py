@@ -154,3 +154,109 @@ def test_a_file_that_is_not_a_store_is_an_input_error(tmp_path: Path) -> None:
     bad.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(InputError, match=r"bad\.sqlite: store: expected a phasescope SQLite store"):
         Store(bad)
+
+
+def _tier_counts(path: Path) -> tuple[int, int]:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        hot = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+        blocks = conn.execute("SELECT count(*) FROM blocks").fetchone()[0]
+    return int(hot), int(blocks)
+
+
+def test_finished_minutes_are_sealed_into_blocks_and_read_back_exactly(
+    tmp_path: Path, real: list[Trace]
+) -> None:
+    t0 = 60.0 * 29_000_000  # minute-aligned, so the minutes are easy to count
+    ticks = _ticks(real, 185, t0=t0)  # 3 full minutes + 5 s of a fourth
+    with Store(tmp_path / "b.sqlite", retention_s=None) as store:
+        for batch in ticks:  # live: one transaction per tick
+            store.ingest(batch)
+        hot, blocks = _tier_counts(store.path)
+        assert hot == 5 * len(real) and blocks == 3 * len(real)  # one block per device per minute
+        got = store.query()
+        for orig, back in zip(real, got, strict=True):
+            np.testing.assert_array_equal(back.time, t0 + np.arange(185))
+            for s in SIGNAL_NAMES:
+                np.testing.assert_array_equal(back[s], orig[s][:185], err_msg=s)
+        # A range that cuts blocks, and the latest sample (in the hot tier).
+        part = store.query(device=real[0].device.uuid, start=t0 + 59.5, end=t0 + 121, signals=["power"])
+        np.testing.assert_array_equal(part[0].time, t0 + np.arange(60, 122))
+        np.testing.assert_array_equal(part[0]["power"], real[0]["power"][60:122])
+        assert float(store.latest()[0].time[0]) == t0 + 184
+        assert store.count() == 185 * len(real)
+    # Bulk ingest seals the same way as live ingest.
+    with Store(tmp_path / "bulk.sqlite", retention_s=None) as store:
+        store.ingest_many(ticks)
+        assert _tier_counts(store.path) == (5 * len(real), 3 * len(real))
+        np.testing.assert_array_equal(store.query()[1]["gpu_util"], real[1]["gpu_util"][:185])
+
+
+def test_reingested_samples_replace_sealed_ones(tmp_path: Path, real: list[Trace]) -> None:
+    ticks = _ticks(real, 150)
+    again = _ticks(real[::-1], 30)  # the same times with the devices' values swapped
+    again = [TickBatch(b.time, ticks[0].devices, b.values) for b in again]
+    with Store(tmp_path / "re.sqlite", retention_s=None) as store:
+        store.ingest_many(ticks)
+        store.ingest_many(again)  # minutes already sealed: later values win, no duplicate rows
+        got = store.query()
+        np.testing.assert_array_equal(got[0].time, T0 + np.arange(150))
+        np.testing.assert_array_equal(got[0]["power"][:30], real[-1]["power"][:30])
+        np.testing.assert_array_equal(got[0]["power"][30:], real[0]["power"][30:150])
+
+
+def test_read_only_store_reads_while_another_writes(tmp_path: Path, real: list[Trace]) -> None:
+    path = tmp_path / "ro.sqlite"
+    with pytest.raises(InputError, match=r"ro\.sqlite: store: expected an existing phasescope store"):
+        Store(path, read_only=True)
+    ticks = _ticks(real, 130)
+    writer = Store(path)
+    writer.ingest_many(ticks[:100])
+    reader = Store(path, read_only=True)
+    assert len(reader.query()[0]) == 100
+    writer.ingest_many(ticks[100:])
+    assert len(reader.query()[0]) == 130  # a fresh snapshot per query
+    with pytest.raises(InputError, match="opened read-only"):
+        reader.ingest(ticks[0])
+    reader.close()
+    writer.close()
+
+
+def test_version_1_store_opens_and_its_rows_get_sealed(tmp_path: Path, real: list[Trace]) -> None:
+    import sqlite3
+
+    path = tmp_path / "v1.sqlite"
+    ticks = _ticks(real, 150)
+    with Store(path, retention_s=None) as store:
+        store.ingest_many(ticks[:1])
+    with sqlite3.connect(path) as conn:  # make it what phasescope 1 wrote: rows only, no blocks
+        conn.execute("DROP TABLE blocks")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+        cols = ", ".join(f'"{s}"' for s in SIGNAL_NAMES)
+        marks = ", ".join("?" * (2 + len(SIGNAL_NAMES)))
+        conn.executemany(
+            f"INSERT OR REPLACE INTO samples (device_id, time, {cols}) VALUES ({marks})",
+            [(i + 1, b.time, *b.values[i].tolist()) for b in ticks[:149] for i in range(len(real))],
+        )
+    with Store(path, retention_s=None) as store:
+        assert len(store.query()[0]) == 149
+        store.ingest(ticks[149])
+        hot, blocks = _tier_counts(path)
+        assert blocks > 0 and hot < 60 * len(real)
+        np.testing.assert_array_equal(store.query()[0]["power"], real[0]["power"][:150])
+
+
+def test_a_damaged_block_is_an_input_error(tmp_path: Path, real: list[Trace]) -> None:
+    import sqlite3
+
+    path = tmp_path / "dmg.sqlite"
+    with Store(path, retention_s=None) as store:
+        store.ingest_many(_ticks(real, 130))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE blocks SET data = substr(data, 1, 100) WHERE id = 1")
+    with (
+        Store(path, read_only=True) as store,
+        pytest.raises(InputError, match=r"dmg\.sqlite: blocks: expected"),
+    ):
+        store.query()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -13,7 +14,7 @@ from rich.console import Console
 from textual.widgets import DataTable
 
 from phasescope.display import MISSING
-from phasescope.live_state import LiveState, feed
+from phasescope.live_state import COLUMNS, LiveState, feed
 from phasescope.schema import Trace
 from phasescope.sources.base import TickBatch
 from phasescope.sources.replay import read
@@ -75,7 +76,8 @@ def test_replayed_training_run_through_the_real_sampler(shared_data: Path) -> No
             await _until(pilot, lambda: state.ticks >= 5 and len(_keys(app)) == 2)
             assert _keys(app) == [t.device.uuid for t in traces]
             cells = _cells(app, traces[0].device.uuid)
-            assert cells["name"] == f"#0 {traces[0].device.name or traces[0].device.uuid}"
+            uuid = traces[0].device.uuid  # this log names no model: the uuid stands in, cut to fit
+            assert cells["name"] == f"#0 {traces[0].device.name or uuid[:14] + '…'}"
             # This log has no memory total and no power limit: shown as missing, not as zero.
             assert cells["mem"].endswith(f"/ {MISSING}") and cells["power"].endswith(f"/ {MISSING}")
             assert cells["util"] != MISSING and cells["util"].endswith("%")
@@ -96,7 +98,7 @@ def test_sort_filter_help_quit_keys(gemm: list[Trace]) -> None:
     async def go() -> None:
         async with app.run_test(size=SIZE) as pilot:
             assert _keys(app) == [idle, busy]  # the source's own order
-            await pilot.press("s")
+            await pilot.press("s", "s")  # order -> phase -> util
             assert app.sort == "util" and _keys(app) == [busy, idle]
             for _ in range(5):  # util -> mem -> power -> temp -> name -> back to order
                 await pilot.press("s")
@@ -233,3 +235,209 @@ def test_gpu_mode_nvml_errors_and_a_lost_gpu(fake_nvml: Callable[..., object], s
             assert app.is_running
 
     _run(go)
+
+
+# ---- phase, KPIs, idle-but-held, energy: the live classifier and the hooks on real recordings ----
+
+IDLE_HELD_POD = "alibaba-gentd26:673d"  # a Stable Diffusion pod: 17 GiB of weights loaded, no requests
+BUSY_POD = "alibaba-gentd26:6dcc"  # serving bursts in the same 45 minutes
+
+
+def _pods(shared_data: Path) -> list[Trace]:
+    traces = read(shared_data / "alibaba-gentd26" / "pod_gpu_duty_cycle_anon.csv")
+    return [next(t for t in traces if t.device.uuid.startswith(p)) for p in (IDLE_HELD_POD, BUSY_POD)]
+
+
+def test_phase_badges_from_the_live_classifier_on_a_real_training_run(shared_data: Path) -> None:
+    """GPU 0 trains GPT-2, GPU 1 idles (labels.csv): after two minutes of ticks the badges say so."""
+    from phasescope.display import PHASE_BADGE
+    from phasescope.live_annotate import Annotator
+    from phasescope.live_classify import LiveClassifier
+    from phasescope.tui import styled_cells
+
+    traces = training_traces(shared_data)
+    t0 = traces[0]
+    upto = int(t0.time.searchsorted(t0.meta["t_from"] + 120))
+    state = LiveState("replay")
+    annotate = Annotator(LiveClassifier())
+    for batch in ticks(traces, 0, upto):
+        state.ingest(batch)
+        annotate(state)
+    train, idle = (t.device.uuid for t in traces)
+    app = TopApp(state, None)
+
+    async def go() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            assert _cells(app, train)["phase"].strip().startswith("training ")  # a badge: padded
+            assert _cells(app, idle)["phase"].strip().startswith("idle ")
+            conf = float(_cells(app, train)["phase"].split()[1].rstrip("%"))
+            assert 50 <= conf <= 100
+            row = next(r for r in app.shown_rows if r.key == train)
+            badge = styled_cells(row)[[c.key for c in COLUMNS].index("phase")]
+            assert str(badge.style) == PHASE_BADGE["training"]
+            await pilot.press("s")  # sort by phase: training before idle
+            assert app.sort == "phase" and _keys(app) == [train, idle]
+            await pilot.press("slash", *"idle", "enter")  # filter by phase name
+            assert _keys(app) == [idle]
+
+    _run(go)
+    view = state.phase(train)
+    assert view is not None and math.isfinite(view.since) and view.since <= t0.time[upto - 1]
+
+
+def test_idle_but_held_pod_stands_out(shared_data: Path) -> None:
+    """Real production pods at 1/min: the classifier declines (too coarse), so the utilisation rule decides;
+    the pod holding 17 GiB at 0% for 45 minutes is flagged, the one serving bursts is not."""
+    from phasescope.live_annotate import Annotator
+    from phasescope.live_classify import LiveClassifier
+    from phasescope.live_state import IDLE_HELD
+    from phasescope.tui import IDLE_HELD_STYLE, styled_cells
+
+    pods = _pods(shared_data)
+    state = LiveState("replay")
+    annotate = Annotator(LiveClassifier())
+    for batch in ticks(pods, 0, 45):
+        state.ingest(batch)
+        annotate(state)
+    held, busy = (t.device.uuid for t in pods)
+    assert state.idle_held() == [held]
+    assert state.phase(held) is not None and state.phase(held).phase == "unknown"  # type: ignore[union-attr]
+    app = TopApp(state, None)
+
+    async def go() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            assert IDLE_HELD in _cells(app, held)["info"] and IDLE_HELD not in _cells(app, busy)["info"]
+            row = next(r for r in app.shown_rows if r.key == held)
+            assert str(styled_cells(row)[0].style) == IDLE_HELD_STYLE
+            assert f"{IDLE_HELD}: " in str(app.query_one("#status").render())
+            await pilot.press("slash", *"idle-held", "enter")
+            assert _keys(app) == [held]
+
+    _run(go)
+
+
+def test_idle_held_follows_the_classifier_when_it_has_a_phase(shared_data: Path) -> None:
+    """On the training run's idle bystander: idle with a process on it is held; training never is."""
+    import os
+
+    import psutil
+
+    from phasescope.schema import ProcessSample
+
+    traces = training_traces(shared_data)
+    state = LiveState("replay")
+    batches = list(ticks(traces, 0, 5))
+    me = psutil.Process(os.getpid())
+    train, idle = (t.device.uuid for t in traces)
+    for b in batches:
+        b.processes = [ProcessSample(b.time, me.pid, idle, me.name(), rss=float(me.memory_info().rss))]
+        state.ingest(b)
+    assert state.idle_held() == []  # no phase yet and under IDLE_TICKS of history: not judged
+    state.set_phase(idle, "idle", 0.97, batches[0].time)
+    state.set_phase(train, "training", 0.9, batches[0].time)
+    assert state.idle_held() == [idle]
+    state.set_phase(idle, "inference", 0.8, batches[-1].time)
+    assert state.idle_held() == []
+
+
+@pytest.fixture(scope="module")
+def hook_events() -> tuple[Path, dict[str, int]]:
+    from tests.hook_events import shared_hook_events
+
+    return shared_hook_events()
+
+
+def test_hook_kpis_show_per_phase(hook_events: tuple[Path, dict[str, int]],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real PyTorch runs with the hooks injected: the device row shows step time, samples/s and MFU while
+    training, requests/s and p50/p99 while serving; each process's own KPIs go on its sub-row."""
+    from phasescope.instrument.analysis import summarize
+    from phasescope.instrument.events import load_events
+    from phasescope.live_annotate import HookKpiReader
+    from phasescope.live_state import kpi_text
+    from phasescope.sources.host import HostSource
+
+    events_dir, pids = hook_events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    host = HostSource(find_torch=False)
+    try:
+        batch = host.read()
+    finally:
+        host.close()
+    uuid = batch.devices[0].uuid
+    state = LiveState("host")
+    state.ingest(batch)
+    reader = HookKpiReader(events_dir, window_s=3600)
+    assert reader.update(state) and not reader.update(state)  # not due again at once
+    doc = summarize(load_events(events_dir))
+    by_pid = {p["pid"]: p for p in doc["processes"]}
+    training = by_pid[pids["training"]]["training"]
+    inference = by_pid[pids["inference"]]["inference"]
+    assert reader.process[pids["training"]]["samples_per_s"] == pytest.approx(training["samples_per_s"])
+    assert reader.process[pids["inference"]]["latency_p99_s"] == pytest.approx(inference["latency_p99_s"])
+
+    state.set_phase(uuid, "training", 0.9, batch.time)
+    app = TopApp(state, None)
+
+    async def go() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            cell = _cells(app, uuid)["kpi"]
+            assert cell == kpi_text(reader.device[uuid], "training")
+            assert cell.startswith("step ") and "samp/s" in cell and "MFU " in cell
+            state.set_phase(uuid, "inference", 0.9, batch.time)
+            app.redraw()
+            await pilot.pause()
+            cell = _cells(app, uuid)["kpi"]
+            assert "req/s" in cell and "p50 " in cell and "p99 " in cell and "MFU" not in cell
+
+    _run(go)
+
+
+def test_energy_and_cost_so_far(shared_data: Path) -> None:
+    """The live meter integrates power tick by tick; with a price the cell and the status line show cost."""
+    from phasescope.display import fmt_usd
+    from phasescope.kpi.cost import Prices
+    from phasescope.kpi.energy import device_energy
+
+    traces = training_traces(shared_data)
+    n = 200
+    state = LiveState("replay", prices=Prices(usd_per_gpu_hour=3.6, usd_per_kwh=None))
+    for batch in ticks(traces, 0, n):
+        state.ingest(batch)
+    batch_j = device_energy(traces[0].take(slice(0, n))).joules  # the offline method on the same samples
+    live_j = state.energy.meters[traces[0].device.uuid].joules
+    assert live_j == pytest.approx(batch_j, rel=1e-6) and live_j > 0
+    span = traces[0].time[n - 1] - traces[0].time[0]
+    row = state.rows()[0]
+    assert row.cells["energy"] == f"{live_j / 3.6e6:.3f} kWh · {fmt_usd(span / 3600 * 3.6)}"
+    assert "energy " in state.status_line() and "$" in state.status_line()
+
+
+def test_screenshot_is_an_svg_of_the_live_table(shared_data: Path, tmp_path: Path) -> None:
+    from benchmarks.screenshot_tui import screenshot
+
+    out = tmp_path / "tui.svg"
+    screenshot(shared_data, out, ticks_n=90)
+    text = out.read_text()
+    assert text.lstrip().startswith("<svg") and "phasescope" in text and "training" in text
+
+
+def test_prices_per_device_model_from_the_config_file(shared_data: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`top` prices each device by its model name (config file), with a flag over the file."""
+    from phasescope.cli import main
+
+    spar = (shared_data / "spar-a100"
+            / "gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[prices]\nusd_per_gpu_hour = 1.0\n[prices.gpu."A100"]\nusd_per_gpu_hour = 3600.0\n')
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--config", str(cfg),
+                 "--source", f"replay:{spar}?speed=10"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "A100" in ln)
+    # $3600/h is $1 per second held: two ticks 10 recorded seconds apart at least cost dollars, not cents.
+    cost = float(line.split(" kWh · $")[1].split()[0].replace(",", ""))
+    assert cost >= 1.0
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--config", str(cfg),
+                 "--price-gpu-hour", "0", "--source", f"replay:{spar}?speed=10"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "A100" in ln)
+    assert " kWh · $0.00" in line  # the flag wins over the file's per-model price

@@ -111,3 +111,62 @@ def sparkline(values: FloatArray, width: int, lo: float | None = None, hi: float
         scaled = np.clip((np.where(finite, tail, low) - low) / span, 0.0, 1.0)
         level = np.where(finite, np.minimum((scaled * len(_BLOCKS)).astype(int), len(_BLOCKS) - 1), -1)
     return pad + "".join(_BLOCKS[i] if i >= 0 else " " for i in level.tolist())
+
+
+# One colour per phase, shared by the TUI badge, the report and anything else that draws phases.
+PHASE_HEX: dict[str, str] = {
+    "training": "#d62728",
+    "inference": "#1f8fd1",
+    "other": "#d9a300",
+    "idle": "#8c8c8c",
+    "unknown": "#a259c4",
+    "unsegmented": "#c9c9c9",  # time no phase segment claims (report, energy tables)
+}
+# Rich styles for a badge: readable text on the phase's colour.
+PHASE_BADGE: dict[str, str] = {
+    "training": "bold white on #d62728",
+    "inference": "bold white on #1f8fd1",
+    "other": "bold black on #d9a300",
+    "idle": "white on #5a5a5a",
+    "unknown": "bold white on #a259c4",
+    "unsegmented": "black on #c9c9c9",
+}
+
+
+def fmt_usd(value: float | None) -> str:
+    """Dollars; small amounts keep three significant digits ($0.0000449, not $0.00)."""
+    if not _finite(value):
+        return MISSING
+    v = float(value)  # type: ignore[arg-type]
+    if v == 0 or abs(v) >= 1:
+        return f"${v:,.2f}"
+    return f"${v:.{max(2, 2 - math.floor(math.log10(abs(v))))}f}"
+
+
+def fmt_seconds(value: float | None) -> str:
+    """A duration: µs, ms under a second, s under two minutes, then m and h."""
+    if not _finite(value):
+        return MISSING
+    v = float(value)  # type: ignore[arg-type]
+    if abs(v) < 1e-3:
+        return f"{v * 1e6:.0f} µs"
+    if abs(v) < 0.01:
+        return f"{v * 1e3:.1f} ms"
+    if abs(v) < 1:
+        return f"{v * 1e3:.0f} ms"
+    if abs(v) < 120:
+        return f"{v:.1f} s"
+    if abs(v) < 7200:
+        return f"{v / 60:.1f} m"
+    return f"{v / 3600:.1f} h"
+
+
+def fmt_si(value: float | None) -> str:
+    """A count or rate with an SI suffix and three significant digits: 987, 40.2k, 1.35M."""
+    if not _finite(value):
+        return MISSING
+    v = float(value)  # type: ignore[arg-type]
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{suffix}"
+    return f"{v:.3g}"

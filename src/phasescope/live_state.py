@@ -1,7 +1,9 @@
 """UI-agnostic live state: what every live view (TUI, plain table, later the web page) shows.
 
-The sampler thread calls `LiveState.ingest(batch)` each tick; views call `rows(...)` and `status_line()`
-whenever they redraw. Per-device history lives in fixed-size numpy ring buffers (one row per tick, one
+The sampler thread calls `LiveState.ingest(batch)` each tick, then `feed`'s `annotate` hook (the live
+classifier, hook KPIs) writes the phase and KPIs with `set_phase` / `set_kpis`; views call `rows(...)` and
+`status_line()` whenever they redraw. Energy so far is metered per device and attributed to the phase
+current at each tick. Per-device history lives in fixed-size numpy ring buffers (one row per tick, one
 column per schema signal), so a long session costs constant memory and no per-sample objects.
 """
 
@@ -11,7 +13,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,17 +24,28 @@ from phasescope.display import (
     fmt_pair,
     fmt_rate,
     fmt_ratio,
+    fmt_seconds,
+    fmt_si,
     fmt_signal,
+    fmt_usd,
     fmt_watts,
     sparkline,
 )
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample
+from phasescope.kpi.cost import Prices, device_cost
+from phasescope.kpi.energy import FleetEnergyMeter
+from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 
-DEFAULT_HISTORY = 120  # ticks kept per device (2 min at 1 Hz); sparklines show the tail of it
+DEFAULT_HISTORY = 300  # ticks kept per device (5 min at 1 Hz): the live classifier's window, sparklines
 SPARK_WIDTH = 30
 MAX_PROCESS_ROWS = 8  # sub-rows per device; the rest are summarised as "+N more"
 NO_DEVICE = ""  # group key for processes the source could not tie to a device
+# Idle-but-held: a device some process holds (a process on it, or this much memory in use) whose phase is
+# idle, or, before the classifier has spoken, whose utilisation stayed under `idle_util` for IDLE_TICKS.
+HELD_MEM_BYTES = 1024.0**3  # a bare GPU shows a few hundred MiB at most (driver, display)
+IDLE_TICKS = 30
+IDLE_HELD = "IDLE·HELD"
+UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
 
 
 class Ring:
@@ -94,9 +107,12 @@ class Column:
 # (and device memory where the source knows it), the first sparkline = that process's CPU history.
 COLUMNS: tuple[Column, ...] = (
     Column("name", "Device / process"),
+    Column("phase", "Phase"),
+    Column("kpi", "Phase KPIs"),
     Column("util", "Util"),
     Column("mem", "Memory used / total"),
     Column("power", "Power / limit"),
+    Column("energy", "Energy · cost"),
     Column("temp", "Temp"),
     Column("clocks", "SM / mem clock"),
     Column("pcie", "PCIe rx / tx"),
@@ -106,7 +122,7 @@ COLUMNS: tuple[Column, ...] = (
 )
 COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
 # What `s` cycles through: "order" is the source's own device order.
-SORT_KEYS: tuple[str, ...] = ("order", "util", "mem", "power", "temp", "name")
+SORT_KEYS: tuple[str, ...] = ("order", "phase", "util", "mem", "power", "temp", "name")
 
 
 @dataclass(frozen=True)
@@ -115,12 +131,30 @@ class Row:
     key: str  # unique per table: device uuid, or "uuid/pid"
     device_uuid: str
     cells: dict[str, str]
+    phase: str = ""  # the device's phase (PHASES or "unknown"), "" before the classifier spoke
+    idle_held: bool = False
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    """What a view shows of a device's phase (from `live_classify.PhaseReading`)."""
+
+    phase: str
+    confidence: float
+    since: float
 
 
 class LiveState:
     """Thread-safe store of the latest tick and a short history per device, plus status for the views."""
 
-    def __init__(self, source_name: str = "", capacity: int = DEFAULT_HISTORY) -> None:
+    def __init__(
+        self,
+        source_name: str = "",
+        capacity: int = DEFAULT_HISTORY,
+        *,
+        prices: Prices | Callable[[DeviceInfo], Prices] | None = None,
+        idle_util: float = 0.05,
+    ) -> None:
         self.source_name = source_name
         self.capacity = capacity
         self._lock = threading.Lock()
@@ -130,6 +164,12 @@ class LiveState:
         self._errors: dict[str, int] = {}
         self._orphans: list[ProcessSample] = []  # processes tied to no known device
         self.process_labels: dict[int, str] = {}  # pid -> a role to show (e.g. "demo training")
+        self.prices = prices or Prices()  # one price for all, or per device (e.g. by model name)
+        self.idle_util = idle_util
+        self.energy = FleetEnergyMeter()
+        self._phases: dict[str, PhaseView] = {}
+        self._kpis: dict[str, dict[str, float]] = {}  # device uuid -> hook KPIs (kpi/training, kpi/inference)
+        self._proc_kpis: dict[int, dict[str, float]] = {}  # pid -> hook KPIs of that process
         self.version = 0  # bumped on every change; views redraw when it moves
         self.ticks = 0
         self._last_tick_mono = math.nan
@@ -157,6 +197,7 @@ class LiveState:
                     state.processes = []
                     self._events.append(f"{_dev_name(state.info)} lost: no data this tick")
             self._take_processes(batch.processes)
+            self.energy.update(batch, {u: v.phase for u, v in self._phases.items()})
             self._events.extend(batch.events)
             if errors is not None:
                 self._errors = dict(errors)
@@ -188,7 +229,46 @@ class LiveState:
             self._events.append(message)
             self.version += 1
 
+    def set_phase(self, uuid: str, phase: str, confidence: float, since: float) -> None:
+        """The classifier's current phase for a device (written by the annotate hook)."""
+        view = PhaseView(phase, confidence, since)
+        with self._lock:
+            if self._phases.get(uuid) != view:
+                self._phases[uuid] = view
+                self.version += 1
+
+    def set_kpis(self, device: dict[str, dict[str, float]], process: dict[int, dict[str, float]]) -> None:
+        """Hook KPIs per device uuid and per pid (replacing the previous set). Keys as in kpi/training.py
+        and kpi/inference.py: step_time_p50_s, samples_per_s, mfu, requests_per_s, latency_p50_s/p99_s."""
+        with self._lock:
+            if device != self._kpis or process != self._proc_kpis:
+                self._kpis, self._proc_kpis = dict(device), dict(process)
+                self.version += 1
+
     # ---- readers (any thread) ----
+
+    def device_info(self, uuid: str) -> DeviceInfo:
+        with self._lock:
+            dev = self._devices.get(uuid)
+            return dev.info if dev is not None else DeviceInfo(uuid)
+
+    def phase(self, uuid: str) -> PhaseView | None:
+        with self._lock:
+            return self._phases.get(uuid)
+
+    def idle_held(self) -> list[str]:
+        """Uuids of devices held by a process (or its memory) while idle: paid for, doing nothing."""
+        with self._lock:
+            return [u for u, d in self._devices.items() if self._is_idle_held(d)]
+
+    def energy_totals(self) -> tuple[float, float | None]:
+        """(joules so far, USD so far or None when no price is set), all devices."""
+        with self._lock:
+            results = self.energy.results()
+            costs = [device_cost(r, self._price(r.device)).total_usd for r in results]
+        joules = sum(r.joules for r in results)
+        known = [c for c in costs if c is not None]
+        return joules, (sum(known) if known else None)
 
     def device_uuids(self) -> list[str]:
         with self._lock:
@@ -228,6 +308,16 @@ class LiveState:
             lost = [d for d in self._devices.values() if d.lost or _went_dark(d)]
             if lost:
                 parts.append(f"NO DATA: {', '.join(_dev_name(d.info) for d in lost)}")
+            held = [d for d in self._devices.values() if self._is_idle_held(d)]
+            if held:
+                parts.append(f"{IDLE_HELD}: {', '.join(_dev_name(d.info) for d in held)}")
+            results = [r for r in self.energy.results() if r.method != "none"]
+            if results:  # only when some device gives power or energy (a host row gives neither)
+                joules = sum(r.joules for r in results)
+                each = (device_cost(r, self._price(r.device)).total_usd for r in results)
+                costs = [c for c in each if c is not None]
+                usd = f" {fmt_usd(sum(costs))}" if costs else ""
+                parts.append(f"energy {joules / 3.6e6:.3f} kWh{usd}")
             if self._events:
                 parts.append(self._events[-1])
             return " · ".join(parts)
@@ -238,13 +328,13 @@ class LiveState:
             raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
         needle = filter_text.strip().lower()
         with self._lock:
-            devices = sorted(self._devices.values(), key=lambda d: _device_sort_key(d, sort))
+            devices = sorted(self._devices.values(), key=lambda d: self._device_sort_key(d, sort))
             out: list[Row] = []
             groups: list[tuple[DeviceState | None, list[ProcessSample]]] = [(d, d.processes) for d in devices]
             if self._orphans:
                 groups.append((None, self._orphans))
             for dev, procs in groups:
-                dev_text = _device_search_text(dev)
+                dev_text = self._device_search_text(dev)
                 dev_match = not needle or needle in dev_text
                 shown = procs if dev_match else [p for p in procs if needle in _process_search_text(p, self)]
                 if not dev_match and not shown:
@@ -261,6 +351,60 @@ class LiveState:
 
     # ---- row building (caller holds the lock) ----
 
+    def _price(self, uuid: str) -> Prices:
+        if isinstance(self.prices, Prices):
+            return self.prices
+        dev = self._devices.get(uuid)
+        return self.prices(dev.info if dev is not None else DeviceInfo(uuid))
+
+    def _is_idle_held(self, dev: DeviceState) -> bool:
+        if dev.lost or _went_dark(dev):
+            return False
+        mem = float(dev.history.last()[SIGNAL_COLUMN["mem_used"]])
+        if not (dev.processes or (math.isfinite(mem) and mem >= HELD_MEM_BYTES)):
+            return False
+        view = self._phases.get(dev.info.uuid)
+        if view is not None and view.phase in PHASES:
+            return view.phase == "idle"
+        util = dev.history.column(SIGNAL_COLUMN["gpu_util"])[-IDLE_TICKS:]
+        if util.size < IDLE_TICKS or not np.isfinite(util).all():
+            return False
+        return float(util.max()) < self.idle_util
+
+    def _device_sort_key(self, d: DeviceState, sort: str) -> tuple[object, ...]:
+        if sort == "phase":  # training, inference, other, idle, unknown; the most confident first
+            view = self._phases.get(d.info.uuid)
+            rank = PHASES.index(view.phase) if view and view.phase in PHASES else len(PHASES)
+            conf = view.confidence if view and math.isfinite(view.confidence) else 0.0
+            return (rank, -conf, d.order)
+        return _device_sort_key(d, sort)
+
+    def _device_search_text(self, d: DeviceState | None) -> str:
+        text = _device_search_text(d)
+        if d is None:
+            return text
+        view = self._phases.get(d.info.uuid)
+        if view is not None:
+            text += f" {view.phase}"
+        if self._is_idle_held(d):
+            text += " idle-held idle·held"
+        return text
+
+    def _phase_cell(self, uuid: str) -> tuple[str, str]:
+        view = self._phases.get(uuid)
+        if view is None:
+            return MISSING, ""
+        conf = f" {view.confidence * 100:.0f}%" if math.isfinite(view.confidence) else ""
+        return f"{view.phase}{conf}", view.phase
+
+    def _energy_cell(self, uuid: str) -> str:
+        meter = self.energy.meters.get(uuid)
+        if meter is None or meter.method == "none":
+            return MISSING
+        cost = device_cost(meter.result(uuid), self._price(uuid)).total_usd
+        text = f"{meter.joules / 3.6e6:.3f} kWh"
+        return text + (f" · {fmt_usd(cost)}" if cost is not None else "")
+
     def _device_row(self, dev: DeviceState | None) -> Row:
         cells = dict.fromkeys(COLUMN_KEYS, MISSING)
         if dev is None:
@@ -275,7 +419,7 @@ class LiveState:
         limit = v("power_limit")
         if not math.isfinite(limit) and not dark:  # a limit read once still holds when one read fails
             limit = _finite_max(dev.history.column(SIGNAL_COLUMN["power_limit"]))
-        cells["name"] = _dev_name(dev.info)
+        cells["name"] = _dev_name(dev.info, short=True)
         cells["util"] = fmt_ratio(v("gpu_util"))
         cells["mem"] = fmt_pair(fmt_bytes(v("mem_used")), fmt_bytes(v("mem_total")))
         cells["power"] = fmt_pair(fmt_watts(v("power")), fmt_watts(limit))
@@ -286,7 +430,11 @@ class LiveState:
         power_hi = limit if math.isfinite(limit) else None  # else: scale to the peak in the history
         power_hist = dev.history.column(SIGNAL_COLUMN["power"])
         cells["spark_power"] = sparkline(power_hist, SPARK_WIDTH, 0.0, power_hi)
-        notes = []
+        cells["phase"], phase = self._phase_cell(dev.info.uuid)
+        cells["kpi"] = kpi_text(self._kpis.get(dev.info.uuid), phase)
+        cells["energy"] = self._energy_cell(dev.info.uuid)
+        idle_held = self._is_idle_held(dev)
+        notes = [IDLE_HELD] if idle_held else []
         if dev.lost:
             notes.append("LOST")
         elif dark:
@@ -296,7 +444,7 @@ class LiveState:
         if dev.processes:
             notes.append(f"{len(dev.processes)} proc")
         cells["info"] = " · ".join(notes)
-        return Row("device", dev.info.uuid, dev.info.uuid, cells)
+        return Row("device", dev.info.uuid, dev.info.uuid, cells, phase, idle_held)
 
     def _process_row(self, uuid: str, p: ProcessSample) -> Row:
         cells = dict.fromkeys(COLUMN_KEYS, "")
@@ -318,12 +466,45 @@ class LiveState:
         if role:
             notes.append(role)
         cells["info"] = " · ".join(notes)
+        kpis = self._proc_kpis.get(p.pid)
+        if kpis:
+            view = self._phases.get(uuid)
+            cells["kpi"] = kpi_text(kpis, view.phase if view else "")
         return Row("process", f"{uuid}/{p.pid}", uuid, cells)
 
 
-def _dev_name(info: DeviceInfo) -> str:
+def kpi_text(kpis: Mapping[str, float] | None, phase: str) -> str:
+    """The KPIs that matter for `phase`: step time, samples/s, MFU for training; requests/s, p50/p99 latency
+    for inference. With no phase, whichever side the hooks measured. MISSING when there are none."""
+    if not kpis:
+        return MISSING
+
+    def has(key: str) -> bool:
+        v = kpis.get(key)
+        return v is not None and math.isfinite(v)
+
+    training = [k for k in ("step_time_p50_s", "samples_per_s", "mfu") if has(k)]
+    inference = [k for k in ("requests_per_s", "latency_p50_s", "latency_p99_s") if has(k)]
+    side = inference if (phase == "inference" and inference) or not training else training
+    fmt = {
+        "step_time_p50_s": lambda v: f"step {fmt_seconds(v)}",
+        "samples_per_s": lambda v: f"{fmt_si(v)} samp/s",
+        "mfu": lambda v: f"MFU {v * 100:.1f}%",
+        "requests_per_s": lambda v: f"{fmt_si(v)} req/s",
+        "latency_p50_s": lambda v: f"p50 {fmt_seconds(v)}",
+        "latency_p99_s": lambda v: f"p99 {fmt_seconds(v)}",
+    }
+    parts = [fmt[k](float(kpis[k])) for k in side]
+    return " · ".join(parts) or MISSING
+
+
+def _dev_name(info: DeviceInfo, short: bool = False) -> str:
+    """'#0 NVIDIA H100 80GB HBM3', or the uuid where the source gives no model name (cut when `short`:
+    the table's column, where the filter still matches the whole uuid)."""
     idx = "" if info.index is None else f"#{info.index} "
-    return f"{idx}{info.name or info.uuid}"
+    cut = short and len(info.uuid) > UUID_CHARS + 1
+    name = info.name or (info.uuid[:UUID_CHARS] + "…" if cut else info.uuid)
+    return f"{idx}{name}"
 
 
 def _finite_max(values: FloatArray) -> float:
@@ -389,11 +570,16 @@ def feed(
     interval_s: float,
     stop: threading.Event,
     duration: float | None = None,
+    annotate: Callable[[LiveState], None] | None = None,
 ) -> None:
     """Sample `source` into `state` until `stop` is set or `duration` has passed, then close the source.
 
-    Runs in a worker thread; a failure ends sampling with a status message instead of taking the view down.
+    `annotate(state)` runs after each tick in the same thread (the live classifier, hook KPIs), so the view
+    never waits on it. Runs in a worker thread; a failure ends sampling (or, in `annotate`, annotating) with a
+    status message instead of taking the view down.
     """
+    hooks = [annotate] if annotate is not None else []
+
     def on_tick(batch: TickBatch) -> None:
         if getattr(source, "exhausted", False):  # a replay that reached its end: keep the last picture
             for event in batch.events:
@@ -401,6 +587,12 @@ def feed(
             stop.set()
             return
         state.ingest(batch, source.error_counts())
+        for hook in list(hooks):
+            try:
+                hook(state)
+            except Exception as exc:  # keep the telemetry coming; say once why the phase stopped updating
+                hooks.remove(hook)
+                state.note(f"phase/KPI updates stopped: {type(exc).__name__}: {exc}")
 
     try:
         from phasescope.sampler import Sampler

@@ -409,13 +409,18 @@ def _load_segment(path: Path, schema: pa.Schema) -> tuple[pa.Table, bool]:
     if path.suffix == ".arrows":
         batches, torn = read_ipc_tolerant(path, schema)
         return pa.Table.from_batches(batches, schema), torn
+    return _read_parquet_with(path, schema, "Parquet segment", "segment columns").cast(schema), False
+
+
+def _read_parquet_with(path: Path, schema: pa.Schema, what: str, columns: str) -> pa.Table:
+    """A whole Parquet file that must have exactly `schema`'s columns; InputError otherwise."""
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(path, "Parquet segment", "a complete Parquet file", str(exc)) from exc
+        raise InputError(path, what, "a complete Parquet file", str(exc)) from exc
     if table.schema.names != schema.names:
-        raise InputError(path, "segment columns", f"{schema.names}", table.schema.names)
-    return table.cast(schema), False
+        raise InputError(path, columns, f"{schema.names}", table.schema.names)
+    return table
 
 
 def _iter_segments(partial_dir: Path, prefix: str, schema: pa.Schema) -> Iterator[tuple[pa.Table, bool]]:
@@ -767,13 +772,7 @@ def read_processes(path: str | Path) -> pa.Table:
     side = processes_path_for(p)
     if not side.exists():
         return PROCESS_SCHEMA.empty_table()
-    try:
-        table = pq.read_table(side)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(side, "Parquet data", "a complete Parquet file", str(exc)) from exc
-    if table.schema.names != PROCESS_SCHEMA.names:
-        raise InputError(side, "columns", f"{PROCESS_SCHEMA.names}", table.schema.names)
-    return table
+    return _read_parquet_with(side, PROCESS_SCHEMA, "Parquet data", "columns")
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

@@ -1,10 +1,15 @@
 """The embedded live store: recent telemetry for the dashboard, `top` history and queries.
 
-SQLite in WAL mode (see docs/ARCHITECTURE.md for why not DuckDB). One row per device per tick,
-one REAL column per schema signal, clustered on (device, time) in a WITHOUT ROWID table so a
-device's time range is one contiguous B-tree scan. One writer connection (the sampler thread)
-under a lock; every reading thread gets its own read-only connection, and WAL lets those read a
-consistent snapshot while the writer appends. NaN is stored as NULL and read back as NaN.
+SQLite in WAL mode (see docs/ARCHITECTURE.md for why not DuckDB). Two tiers per device:
+  - `samples`, the hot tier: one row per tick, one REAL column per schema signal, keyed on
+    (device, time) in a WITHOUT ROWID table; it holds only the current minute (`block_s`).
+  - `blocks`, the sealed tier: once a tick of a new minute arrives, the earlier minutes' rows move
+    (in the same transaction) into one BLOB per device per minute: a little-endian float64 matrix,
+    one row per sample, columns `time` + the signals named in the block (no pickle).
+A long query then reads a few thousand blobs and lets numpy reshape them, instead of turning every
+value into a Python float. One writer connection (the sampler thread) under a lock; every reading
+thread gets its own read-only connection, and WAL lets those read a consistent snapshot while the
+writer appends. NaN is stored as NULL (hot) or NaN (blocks) and read back as NaN.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from phasescope.sources.base import TickBatch
 
 DEFAULT_RETENTION_S = 7 * 86400.0
 DEFAULT_PRUNE_EVERY_S = 600.0
-SCHEMA_VERSION = 1
+DEFAULT_BLOCK_S = 60.0
+SCHEMA_VERSION = 2  # 2: + blocks (a version-1 store opens as is: its rows are the hot tier)
+_BLOB = np.dtype("<f8")
 _PROC_FLOATS = ("gpu_mem_used", "sm_util", "cpu_util", "rss", "threads", "read_bytes", "write_bytes")
 
 
@@ -44,7 +51,10 @@ def _col(name: str) -> str:
 
 
 class Store:
-    """Live telemetry store. Thread-safe: `ingest` from one thread, queries from any."""
+    """Live telemetry store. Thread-safe: `ingest` from one thread, queries from any.
+
+    `read_only=True` opens an existing store for queries only (another process may be writing it).
+    """
 
     def __init__(
         self,
@@ -52,70 +62,102 @@ class Store:
         *,
         retention_s: float | None = DEFAULT_RETENTION_S,
         prune_every_s: float = DEFAULT_PRUNE_EVERY_S,
+        block_s: float = DEFAULT_BLOCK_S,
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path) if path is not None else default_store_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.retention_s = retention_s
         self.prune_every_s = prune_every_s
+        self.block_s = float(block_s)
+        self.read_only = read_only
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._device_ids: dict[str, int] = {}
+        self._hot_first: dict[int, float] = {}  # device id -> oldest time in the hot tier
         self._last_prune: float | None = None
         self._closed = False
+        self._w: sqlite3.Connection | None = None
         try:
+            if read_only:
+                if not self.path.is_file():
+                    raise InputError(self.path, "store", "an existing phasescope store", "no such file")
+                conn = self._reader()
+                if conn.execute("SELECT name FROM sqlite_master WHERE name='samples'").fetchone() is None:
+                    raise InputError(self.path, "store", "a phasescope SQLite store", "no samples table")
+                self._signals = self._signal_columns(conn)
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._w = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
             self._w.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL: a commit survives a process crash; only an OS crash may lose the last ones.
             self._w.execute("PRAGMA synchronous=NORMAL")
             self._create()
+            self._signals = self._signal_columns(self._w)
+            for uuid, dev_id in self._w.execute("SELECT uuid, id FROM devices"):
+                self._device_ids[uuid] = dev_id
+            for dev_id, first in self._w.execute(
+                "SELECT device_id, min(time) FROM samples GROUP BY device_id"
+            ):
+                self._hot_first[dev_id] = float(first)
         except sqlite3.DatabaseError as exc:
+            self.close()
             raise InputError(self.path, "store", "a phasescope SQLite store", str(exc)) from None
-        self._signals = self._signal_columns()
-        for uuid, dev_id in self._w.execute("SELECT uuid, id FROM devices"):
-            self._device_ids[uuid] = dev_id
 
     # -- schema ----------------------------------------------------------------------------------
     def _create(self) -> None:
+        w = self._writer()
         sig_cols = ", ".join(f"{_col(s)} REAL" for s in SIGNAL_NAMES)
         proc_cols = ", ".join(f"{_col(s)} REAL" for s in _PROC_FLOATS)
-        with self._w:
-            self._w.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            row = self._w.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        with w:
+            w.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            row = w.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise InputError(self.path, "meta.schema_version", f"<= {SCHEMA_VERSION}", row[0])
-            self._w.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-            self._w.execute(
+            w.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            w.execute(
                 "CREATE TABLE IF NOT EXISTS devices (id INTEGER PRIMARY KEY, uuid TEXT NOT NULL UNIQUE, "
                 "name TEXT, idx INTEGER, host TEXT, parent_uuid TEXT, extra TEXT)"
             )
-            self._w.execute(
+            w.execute(
                 f"CREATE TABLE IF NOT EXISTS samples (device_id INTEGER NOT NULL, time REAL NOT NULL, "
                 f"{sig_cols}, PRIMARY KEY (device_id, time)) WITHOUT ROWID"
             )
-            self._w.execute(
+            # id = write order: where blocks overlap (a re-ingested minute) the later one wins.
+            w.execute(
+                "CREATE TABLE IF NOT EXISTS blocks (id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL, "
+                "t0 REAL NOT NULL, t1 REAL NOT NULL, n INTEGER NOT NULL, signals TEXT NOT NULL, "
+                "data BLOB NOT NULL)"
+            )
+            w.execute("CREATE INDEX IF NOT EXISTS blocks_device_t1 ON blocks (device_id, t1)")
+            w.execute(
                 f"CREATE TABLE IF NOT EXISTS processes (time REAL NOT NULL, device_id INTEGER, "
                 f"pid INTEGER NOT NULL, name TEXT, {proc_cols}, uses_torch INTEGER)"
             )
-            self._w.execute("CREATE INDEX IF NOT EXISTS processes_time ON processes (time)")
+            w.execute("CREATE INDEX IF NOT EXISTS processes_time ON processes (time)")
             # A store made by an older phasescope lacks signals added since: add them as NULL columns.
-            have = {r[1] for r in self._w.execute("PRAGMA table_info(samples)")}
+            have = {r[1] for r in w.execute("PRAGMA table_info(samples)")}
             for s in SIGNAL_NAMES:
                 if s not in have:
-                    self._w.execute(f"ALTER TABLE samples ADD COLUMN {_col(s)} REAL")
+                    w.execute(f"ALTER TABLE samples ADD COLUMN {_col(s)} REAL")
 
-    def _signal_columns(self) -> list[str]:
-        have = {r[1] for r in self._w.execute("PRAGMA table_info(samples)")}
+    @staticmethod
+    def _signal_columns(conn: sqlite3.Connection) -> list[str]:
+        have = {r[1] for r in conn.execute("PRAGMA table_info(samples)")}
         return [s for s in SIGNAL_NAMES if s in have]
+
+    def _writer(self) -> sqlite3.Connection:
+        self._check_open()
+        if self._w is None:
+            raise InputError(self.path, "store", "a store opened for writing", "opened read-only")
+        return self._w
 
     # -- writing ---------------------------------------------------------------------------------
     def _device_id(self, d: DeviceInfo) -> int:
         dev_id = self._device_ids.get(d.uuid)
         if dev_id is None:
-            cur = self._w.execute(
+            cur = self._writer().execute(
                 "INSERT INTO devices (uuid, name, idx, host, parent_uuid, extra) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(uuid) DO UPDATE SET name=excluded.name RETURNING id",
                 (d.uuid, d.name, d.index, d.host, d.parent_uuid, json.dumps(dict(d.extra))),
@@ -130,27 +172,23 @@ class Store:
 
     def ingest_many(self, batches: Iterable[TickBatch]) -> None:
         """Store many ticks in one transaction (bulk loads, replays)."""
-        placeholders = ", ".join("?" * (2 + len(SIGNAL_NAMES)))
-        sql = (
-            f"INSERT OR REPLACE INTO samples (device_id, time, {', '.join(map(_col, SIGNAL_NAMES))}) "
-            f"VALUES ({placeholders})"
-        )
         psql = (
             f"INSERT INTO processes (time, device_id, pid, name, {', '.join(map(_col, _PROC_FLOATS))}, "
             f"uses_torch) VALUES ({', '.join('?' * (5 + len(_PROC_FLOATS)))})"
         )
-        newest = None
         with self._write_lock:
-            self._check_open()
-            with self._w:
+            w = self._writer()
+            with w:
+                ids: list[np.ndarray] = []
+                times: list[np.ndarray] = []
+                values: list[FloatArray] = []
                 for batch in batches:
-                    ids = [self._device_id(d) for d in batch.devices]
-                    t = float(batch.time)
-                    # NaN binds as NULL in SQLite; tolist() turns the whole matrix into floats at C speed.
-                    rows = [(i, t, *vals) for i, vals in zip(ids, batch.values.tolist(), strict=True)]
-                    self._w.executemany(sql, rows)
+                    n = len(batch.devices)
+                    ids.append(np.array([self._device_id(d) for d in batch.devices], dtype=np.int64))
+                    times.append(np.full(n, float(batch.time)))
+                    values.append(np.asarray(batch.values, dtype=np.float64).reshape(n, len(SIGNAL_NAMES)))
                     if batch.processes:
-                        self._w.executemany(
+                        w.executemany(
                             psql,
                             [
                                 (
@@ -164,36 +202,139 @@ class Store:
                                 for p in batch.processes
                             ],
                         )
-                    newest = t if newest is None else max(newest, t)
+                if not ids:
+                    return
+                dev = np.concatenate(ids)
+                t = np.concatenate(times)
+                v = np.concatenate(values)
+                hot: list[tuple[float, ...]] = []
+                for dev_id in np.unique(dev).tolist():
+                    sel = dev == dev_id
+                    hot.extend(self._write_device(w, int(dev_id), t[sel], v[sel]))
+                if hot:
+                    placeholders = ", ".join("?" * (2 + len(SIGNAL_NAMES)))
+                    w.executemany(
+                        f"INSERT OR REPLACE INTO samples (device_id, time, "
+                        f"{', '.join(map(_col, SIGNAL_NAMES))}) VALUES ({placeholders})",
+                        hot,
+                    )
+                newest = float(t.max()) if t.size else None
         if newest is not None and self.retention_s is not None:
             if self._last_prune is None:
                 self._last_prune = newest
             elif newest - self._last_prune >= self.prune_every_s:
                 self.prune(self.retention_s, now=newest)
 
+    def _write_device(
+        self, w: sqlite3.Connection, dev_id: int, t: FloatArray, v: FloatArray
+    ) -> list[tuple[float, ...]]:
+        """New rows of one device: minutes before its newest are sealed into blocks; returns the hot rows."""
+        current = np.floor(t.max() / self.block_s)
+        bucket = np.floor(t / self.block_s)
+        done = bucket < current
+        hot_first = self._hot_first.get(dev_id)
+        if hot_first is not None and np.floor(hot_first / self.block_s) < current:
+            # The hot tier holds rows of a finished minute: take them out and seal them with the new.
+            cutoff = current * self.block_s
+            cols = ", ".join(_col(s) for s in SIGNAL_NAMES)
+            rows = w.execute(
+                f"SELECT time, {cols} FROM samples WHERE device_id = ? AND time < ? ORDER BY time",
+                (dev_id, cutoff),
+            ).fetchall()
+            w.execute("DELETE FROM samples WHERE device_id = ? AND time < ?", (dev_id, cutoff))
+            old = np.array(rows, dtype=np.float64).reshape(len(rows), 1 + len(SIGNAL_NAMES))
+            left = w.execute("SELECT min(time) FROM samples WHERE device_id = ?", (dev_id,)).fetchone()[0]
+            if left is None:
+                self._hot_first.pop(dev_id, None)
+            else:
+                self._hot_first[dev_id] = float(left)
+            # Old rows first, so a re-ingested sample (same time) keeps the newer values.
+            self._seal(w, dev_id, np.concatenate([old[:, 0], t[done]]), np.vstack([old[:, 1:], v[done]]))
+        elif done.any():
+            self._seal(w, dev_id, t[done], v[done])
+        if not (~done).any():
+            return []
+        hot_t, hot_v = t[~done], v[~done]
+        first = float(hot_t.min())
+        prev = self._hot_first.get(dev_id)
+        self._hot_first[dev_id] = first if prev is None else min(prev, first)
+        # NaN binds as NULL in SQLite; tolist() turns the whole matrix into floats at C speed.
+        return [(dev_id, tt, *row) for tt, row in zip(hot_t.tolist(), hot_v.tolist(), strict=True)]
+
+    def _seal(self, w: sqlite3.Connection, dev_id: int, t: FloatArray, v: FloatArray) -> None:
+        """Write rows as one block per minute (`block_s`): float64 [time, signals...] per row."""
+        if t.size == 0:
+            return
+        keep = _last_of_each_time(t)
+        if keep is not None:
+            t, v = t[keep], v[keep]
+        bucket = np.floor(t / self.block_s)
+        edges = np.flatnonzero(np.diff(bucket)) + 1
+        names = ",".join(SIGNAL_NAMES)
+        rows = []
+        for lo, hi in zip(np.r_[0, edges].tolist(), np.r_[edges, t.size].tolist(), strict=True):
+            mat = np.column_stack([t[lo:hi], v[lo:hi]]).astype(_BLOB, copy=False)
+            rows.append((dev_id, float(t[lo]), float(t[hi - 1]), hi - lo, names, mat.tobytes()))
+        w.executemany(
+            "INSERT INTO blocks (device_id, t0, t1, n, signals, data) VALUES (?, ?, ?, ?, ?, ?)", rows
+        )
+
     def prune(self, older_than_s: float, now: float | None = None) -> int:
-        """Delete samples and processes older than `now - older_than_s`; returns rows deleted.
+        """Delete samples and processes older than `now - older_than_s`; returns samples deleted.
 
         `now` defaults to the newest sample in the store (not the wall clock), so loading an old
-        recording does not erase itself.
+        recording does not erase itself. A block that straddles the cutoff is rewritten without its
+        older rows, so retention is exact to the sample.
         """
         with self._write_lock:
-            self._check_open()
+            w = self._writer()
             if now is None:
-                row = self._w.execute("SELECT max(time) FROM samples").fetchone()
-                if row is None or row[0] is None:
+                hot = w.execute("SELECT max(time) FROM samples").fetchone()[0]
+                sealed = w.execute("SELECT max(t1) FROM blocks").fetchone()[0]
+                known = [float(x) for x in (hot, sealed) if x is not None]
+                if not known:
                     return 0
-                now = float(row[0])
+                now = max(known)
             cutoff = now - older_than_s
             deleted = 0
-            with self._w:
+            with w:
                 for dev_id in self._device_ids.values():  # per device: uses the (device_id, time) key
-                    deleted += self._w.execute(
+                    deleted += w.execute(
                         "DELETE FROM samples WHERE device_id = ? AND time < ?", (dev_id, cutoff)
                     ).rowcount
-                deleted += self._w.execute("DELETE FROM processes WHERE time < ?", (cutoff,)).rowcount
+                    row = w.execute(
+                        "SELECT coalesce(sum(n), 0) FROM blocks WHERE device_id = ? AND t1 < ?",
+                        (dev_id, cutoff),
+                    ).fetchone()
+                    deleted += int(row[0])
+                    w.execute("DELETE FROM blocks WHERE device_id = ? AND t1 < ?", (dev_id, cutoff))
+                    deleted += self._trim_blocks(w, dev_id, cutoff)
+                    left = w.execute(
+                        "SELECT min(time) FROM samples WHERE device_id = ?", (dev_id,)
+                    ).fetchone()
+                    if left[0] is None:
+                        self._hot_first.pop(dev_id, None)
+                    else:
+                        self._hot_first[dev_id] = float(left[0])
+                w.execute("DELETE FROM processes WHERE time < ?", (cutoff,))
             self._last_prune = now
             return deleted
+
+    def _trim_blocks(self, w: sqlite3.Connection, dev_id: int, cutoff: float) -> int:
+        deleted = 0
+        straddling = w.execute(
+            "SELECT id, n, signals, data FROM blocks WHERE device_id = ? AND t0 < ? AND t1 >= ?",
+            (dev_id, cutoff, cutoff),
+        ).fetchall()
+        for block_id, n, names, data in straddling:
+            mat = _decode(data, n, 1 + len(names.split(",")))
+            keep = mat[mat[:, 0] >= cutoff]
+            deleted += n - keep.shape[0]
+            w.execute(
+                "UPDATE blocks SET t0 = ?, n = ?, data = ? WHERE id = ?",
+                (float(keep[0, 0]), keep.shape[0], keep.astype(_BLOB, copy=False).tobytes(), block_id),
+            )
+        return deleted
 
     # -- reading ---------------------------------------------------------------------------------
     def _reader(self) -> sqlite3.Connection:
@@ -247,7 +388,10 @@ class Store:
             if s not in self._signals:
                 raise InputError(self.path, "query signals", f"signals among {', '.join(self._signals)}", s)
         with self._snapshot() as conn:
-            return self._query(conn, wanted, device, start, end)
+            try:
+                return self._query(conn, wanted, device, start, end)
+            except _BadBlock as exc:
+                raise InputError(self.path, "blocks", str(exc), "a damaged block") from None
 
     def _query(
         self,
@@ -263,33 +407,41 @@ class Store:
         ids = {r[0]: r[1] for r in conn.execute("SELECT uuid, id FROM devices")}
         lo = -np.inf if start is None else float(start)
         hi = np.inf if end is None else float(end)
-        sql = (
+        hot_sql = (
             f"SELECT time{''.join(', ' + _col(s) for s in wanted)} FROM samples "
             "WHERE device_id = ? AND time >= ? AND time <= ? ORDER BY time"
         )
+        # In index order (an SQL sort would copy every blob); write order is restored in Python.
+        block_sql = "SELECT id, n, signals, data FROM blocks WHERE device_id = ? AND t1 >= ? AND t0 <= ?"
         out = []
         for d in devices:
-            rows = conn.execute(sql, (ids[d.uuid], lo, hi)).fetchall()
-            if not rows:
+            blocks = sorted(conn.execute(block_sql, (ids[d.uuid], lo, hi)).fetchall())
+            rows = conn.execute(hot_sql, (ids[d.uuid], lo, hi)).fetchall()
+            # One (1 + signals) x n matrix, written once: each signal ends up a contiguous row.
+            mat = np.empty((1 + len(wanted), sum(b[1] for b in blocks) + len(rows)))
+            pos = _fill_from_blocks(mat, [b[1:] for b in blocks], wanted)
+            if rows:  # None (SQL NULL) becomes NaN in a float array
+                mat[:, pos:] = np.array(rows, dtype=np.float64).reshape(len(rows), 1 + len(wanted)).T
+            inside = (mat[0] >= lo) & (mat[0] <= hi)  # blocks overlapping the range hold a few outside
+            if not inside.all():
+                mat = mat[:, inside]
+            keep = _last_of_each_time(mat[0])
+            if keep is not None:
+                mat = mat[:, keep]
+            if mat.shape[1] == 0:
                 continue
-            # None (SQL NULL) becomes NaN in a float array.
-            arr = np.array(rows, dtype=np.float64).reshape(len(rows), 1 + len(wanted))
-            cols = {s: np.ascontiguousarray(arr[:, j + 1]) for j, s in enumerate(wanted)}
-            out.append(
-                Trace(
-                    d,
-                    np.ascontiguousarray(arr[:, 0]),
-                    cols,
-                    {"source_path": str(self.path), "format": "store"},
-                )
-            )
+            cols = {s: mat[j + 1] for j, s in enumerate(wanted)}
+            out.append(Trace(d, mat[0], cols, {"source_path": str(self.path), "format": "store"}))
         return out
 
     def latest(self) -> list[Trace]:
         """The newest sample of every device, as one-row Traces."""
         cols = ", ".join(_col(s) for s in self._signals)
         with self._snapshot() as conn:
-            return self._latest(conn, cols)
+            try:
+                return self._latest(conn, cols)
+            except _BadBlock as exc:
+                raise InputError(self.path, "blocks", str(exc), "a damaged block") from None
 
     def _latest(self, conn: sqlite3.Connection, cols: str) -> list[Trace]:
         ids = {r[0]: r[1] for r in conn.execute("SELECT uuid, id FROM devices")}
@@ -299,14 +451,24 @@ class Store:
                 f"SELECT time, {cols} FROM samples WHERE device_id = ? ORDER BY time DESC LIMIT 1",
                 (ids[d.uuid],),
             ).fetchone()
-            if row is None:
+            block = conn.execute(
+                "SELECT n, signals, data FROM blocks WHERE device_id = ? ORDER BY t1 DESC, id DESC LIMIT 1",
+                (ids[d.uuid],),
+            ).fetchall()
+            arr = np.array(row, dtype=np.float64) if row is not None else None
+            if block:
+                mat = np.empty((1 + len(self._signals), block[0][0]))
+                _fill_from_blocks(mat, block, self._signals)
+                last = mat[:, int(np.argmax(mat[0]))]
+                if arr is None or last[0] > arr[0]:
+                    arr = last
+            if arr is None:
                 continue
-            arr = np.array(row, dtype=np.float64)
             out.append(
                 Trace(
                     d,
-                    arr[:1],
-                    {s: arr[j + 1 : j + 2] for j, s in enumerate(self._signals)},
+                    arr[:1].copy(),
+                    {s: arr[j + 1 : j + 2].copy() for j, s in enumerate(self._signals)},
                     {"source_path": str(self.path), "format": "store"},
                 )
             )
@@ -341,8 +503,11 @@ class Store:
         return out
 
     def count(self) -> int:
-        row = self._reader().execute("SELECT count(*) FROM samples").fetchone()
-        return int(row[0])
+        """Samples held (hot rows plus sealed block rows)."""
+        with self._snapshot() as conn:
+            hot = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+            sealed = conn.execute("SELECT coalesce(sum(n), 0) FROM blocks").fetchone()[0]
+        return int(hot) + int(sealed)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -358,10 +523,60 @@ class Store:
                 for conn in self._readers:
                     conn.close()
                 self._readers.clear()
-            self._w.close()
+            if self._w is not None:
+                self._w.close()
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _BadBlock(ValueError):
+    pass
+
+
+def _decode(data: bytes, n: int, width: int) -> FloatArray:
+    """A block's matrix: n rows of `width` values [time, *signals] (float64, little-endian)."""
+    if not isinstance(data, bytes) or len(data) != n * width * _BLOB.itemsize:
+        raise _BadBlock(f"{n} rows x {width} float64 values")
+    return np.frombuffer(data, dtype=_BLOB).reshape(n, width)
+
+
+def _fill_from_blocks(
+    out: FloatArray, blocks: Sequence[tuple[int, str, bytes]], wanted: Sequence[str]
+) -> int:
+    """Copy blocks (n, signals, data), in write order, into the columns of `out` ([time, *wanted] rows).
+
+    Returns the number of columns filled. Each block costs one transposing copy; signals a block
+    lacks (written by an older phasescope) read NaN.
+    """
+    pos = 0
+    plans: dict[str, tuple[bool, int, list[int], list[int], list[int]]] = {}
+    for n, names, data in blocks:
+        plan = plans.get(names)
+        if plan is None:
+            layout = names.split(",")
+            dst = [0] + [j + 1 for j, s in enumerate(wanted) if s in layout]
+            src = [0] + [layout.index(s) + 1 for s in wanted if s in layout]
+            absent = [j + 1 for j, s in enumerate(wanted) if s not in layout]
+            plan = plans[names] = (layout == list(wanted), 1 + len(layout), dst, src, absent)
+        same, width, dst, src, absent = plan
+        mat = _decode(data, n, width)
+        if same:
+            out[:, pos : pos + n] = mat.T
+        else:
+            out[dst, pos : pos + n] = mat[:, src].T
+            out[absent, pos : pos + n] = np.nan
+        pos += n
+    return pos
+
+
+def _last_of_each_time(t: FloatArray) -> np.ndarray | None:
+    """Order that sorts rows by time, keeping the last given of equal times; None if already sorted."""
+    if t.size < 2 or bool(np.all(t[1:] > t[:-1])):
+        return None
+    order = np.argsort(t, kind="stable")
+    ranked = t[order]
+    return order[np.r_[ranked[1:] != ranked[:-1], True]]

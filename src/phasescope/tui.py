@@ -16,13 +16,20 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from phasescope.live_state import COLUMNS, SORT_KEYS, LiveState, Row
+from phasescope.display import MISSING, PHASE_BADGE
+from phasescope.live_state import COLUMNS, IDLE_HELD, SORT_KEYS, LiveState, Row
 
 HELP_TEXT = """\
 [b]phasescope top[/b]: one row per device, its processes as sub-rows (└).
 
-  [b]s[/b]        cycle the sort column: order, util, mem, power, temp, name
-  [b]/[/b]        filter rows (device name, uuid, process name or pid); Enter keeps it, Esc clears it
+Phase is the live classifier's call on the last minute, with its confidence; Phase KPIs are step time,
+samples/s and MFU for training, requests/s and p50/p99 latency for inference (from hooks: --events,
+or a serving engine's /metrics: --scrape). Energy · cost is so far, at the configured prices.
+A device in [b black on yellow] IDLE·HELD [/] is idle while a process (or its memory) holds it.
+
+  [b]s[/b]        cycle the sort column: order, phase, util, mem, power, temp, name
+  [b]/[/b]        filter rows (device, uuid, process name or pid, a phase, idle-held); Enter keeps it,
+           Esc clears it
   [b]↑ ↓ PgUp PgDn ← →[/b]  move and scroll
   [b]?[/b]        this help            [b]q[/b] / [b]Ctrl-C[/b]  quit
 
@@ -139,8 +146,7 @@ class TopApp(App[None]):
         rows = self.state.rows(self.sort, self.filter_text)
         table.clear()
         for row in rows:
-            style = "bold" if row.kind == "device" else "dim"
-            table.add_row(*(Text(row.cells[c.key], style=style) for c in COLUMNS), key=row.key)
+            table.add_row(*styled_cells(row), key=row.key)
         self.shown_rows = rows
         keys = [r.key for r in rows]
         if selected in keys:
@@ -183,11 +189,30 @@ class TopApp(App[None]):
         self.redraw()
 
 
+IDLE_HELD_STYLE = "bold black on yellow"
+
+
+def styled_cells(row: Row) -> list[Text]:
+    """A row's cells as rich Text: the phase as a coloured badge, an idle-but-held device in yellow."""
+    base = "bold" if row.kind == "device" else "dim"
+    out = []
+    for col in COLUMNS:
+        text = row.cells[col.key]
+        style = base
+        if col.key == "phase" and row.phase and text != MISSING:
+            style = PHASE_BADGE.get(row.phase, PHASE_BADGE["unknown"])
+            text = f" {text} "
+        elif row.idle_held and col.key in ("name", "info"):
+            style = IDLE_HELD_STYLE if col.key == "name" or IDLE_HELD in text else base
+        out.append(Text(text, style=style))
+    return out
+
+
 def render_table(state: LiveState, sort: str = "order", filter_text: str = "") -> Table:
     """The same table as the app, as one rich Table (for --once / --plain and logs)."""
     table = Table(title="phasescope", caption=state.status_line(), caption_justify="left", expand=False)
     for col in COLUMNS:
         table.add_column(col.title, no_wrap=True)
     for row in state.rows(sort, filter_text):
-        table.add_row(*(row.cells[c.key] for c in COLUMNS), style="bold" if row.kind == "device" else "dim")
+        table.add_row(*styled_cells(row))
     return table

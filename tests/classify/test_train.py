@@ -57,3 +57,23 @@ def test_fit_save_load_predict(table: train.WindowTable, tmp_path: Path) -> None
     ex = next(e for e in table.examples if e.family == "train_gpt2_wikitext")
     p = loaded.predict_trace(ex.trace)
     assert p.labels.count("training") > len(p) / 2
+
+
+def test_run_folds_spread_each_family(table: train.WindowTable) -> None:
+    """Runs are dealt family by family: a family with k runs has one run in each fold's test side."""
+    k = 2
+    fam = {e.run: train.run_family(table.examples, e.run) for e in table.examples}
+    for _, _tr, te in train.folds(table.examples, "run", k=k):
+        test_runs = {table.examples[i].run for i in te}
+        for f in set(fam.values()):
+            n = sum(1 for r in set(fam) if fam[r] == f)
+            held = sum(1 for r in test_runs if fam[r] == f)
+            assert n // k <= held <= -(-n // k), (f, n, held)
+
+
+def test_headline_figures(table: train.WindowTable) -> None:
+    m = train.metrics(table, train.cross_validate(table, "run", k=2))
+    h = train.headline(m)
+    assert h["window_accuracy"] == m["window"]["accuracy"] and h["run_accuracy"] == m["run"]["accuracy"]
+    assert set(h) == {"window_accuracy", "window_balanced_accuracy", "training_recall", "training_fpr",
+                      "run_accuracy", "evasion_detected"}

@@ -55,3 +55,41 @@ def test_bad_data_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["eval", str(tmp_path)]) != 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "labels.csv" in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def extra(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second labels table, as a site's own recordings would come: the A100 runs, `gpu` left empty."""
+    import csv
+
+    table = csv.DictReader((shared_data / "labels.csv").open())
+    rows = [r for r in table if r["path"].startswith("spar-a100/")]
+    out = tmp_path_factory.mktemp("extra") / "labels.csv"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["path", "label", "family", "run"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({"path": str(shared_data / r["path"]), "label": r["label"], "family": r["family"],
+                        "run": r["run"]})
+    return out.parent
+
+
+def test_eval_extra_data_and_held_out_splits(
+    labels: Path, extra: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["eval", str(labels.parent), "--extra", str(extra), "--split", "dataset", "--split", "gpu"]
+    assert main([*args, "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["data"] == [str(labels.parent), str(extra)]
+    by_split = {r["split"]: r for r in out["results"]}
+    assert by_split["dataset"]["folds"] == 2
+    # The extra table has no `gpu` column: the device's own name stands in, so the A100 is its own fold.
+    assert by_split["gpu"]["folds"] == 2
+    fams = by_split["dataset"]["model"]["families"]
+    assert fams["gpt2_wikitext2_amp"]["examples"] == 2 and fams["infer_bert"]["examples"] >= 2
+
+
+def test_eval_progress_lines_on_a_pipe(labels: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", str(labels), "-k", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "window features for" in err and err.count("run fold") == 3

@@ -263,7 +263,11 @@ def nested_alarm_cv(
     progress: Callable[[str], None] | None = None,
 ) -> NestedResult:
     """Out-of-fold predictions with the alarm's parameters picked by an inner CV inside each outer fold."""
-    folds = run_folds([e.run for e in examples] + [c.run for c in cases], k, seed)
+    from phasescope.classify.train import stratified_run_folds
+
+    # Runs dealt family by family (as `phasescope eval --split run`); a case whose run has no example
+    # (cannot happen with one labels table) falls back to a seeded random fold.
+    folds = run_folds([c.run for c in cases], k, seed) | stratified_run_folds(examples, k, seed)
     say = progress or (lambda _msg: None)
     outcomes: list[CaseOutcome] = []
     chosen: list[tuple[int, decide.AlarmParams]] = []

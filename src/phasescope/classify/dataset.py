@@ -68,6 +68,7 @@ class Example:
     run: str
     path: str
     device: str
+    dataset: str = ""  # the labels table it came from (for the leave-one-dataset-out split)
 
     @property
     def key(self) -> str:
@@ -207,8 +208,11 @@ def load_examples(
             run = row.run
             if per_device:
                 run = device if row.run == row.gpu_index[4:].strip() else f"{row.run}/{device}"
+            # An empty `gpu` column falls back to the device's own name, so the leave-one-GPU-out split
+            # works on a site's recordings without hand-filling the column.
+            gpu = row.gpu or t.device.name or str(t.meta.get("gpu_model", "")) or "unknown"
             examples.append(
-                Example(cut, row.label, row.family, row.gpu, row.source, run, str(row.path), device)
+                Example(cut, row.label, row.family, gpu, row.source, run, str(row.path), device, str(labels))
             )
     return _merge_split_signals(examples)
 
@@ -258,6 +262,7 @@ def _join(group: Sequence[Example]) -> Example:
         first.run,
         "+".join(sorted({e.path for e in group})),
         first.device,
+        first.dataset,
     )
 
 

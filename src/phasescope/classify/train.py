@@ -32,7 +32,7 @@ from phasescope.features import (
 )
 from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray
 
-MODEL_VERSION = "0.1.0"
+MODEL_VERSION = "0.2.0"
 
 _PCIE = {"pcie_tx", "pcie_rx"}
 _CLOCKS = {"sm_clock", "mem_clock"}
@@ -235,23 +235,65 @@ def predict_rows(
     return proba, labels, raw
 
 
+def _random_run_folds(runs: np.ndarray, k: int, seed: int) -> dict[str, int]:
+    """Whole runs shuffled and dealt into k folds, ignoring what they hold."""
+    uniq = np.array(sorted(set(runs)))
+    np.random.default_rng(seed).shuffle(uniq)
+    return {str(r): i % k for i, r in enumerate(uniq)}
+
+
+def run_family(examples: Sequence[Example], run: str) -> str:
+    """A run's workload family: its most common family other than the idle bystanders beside it."""
+    fams = [e.family for e in examples if e.run == run]
+    work = [f for f in fams if f != "bystander_idle"] or fams
+    return max(sorted(set(work)), key=work.count)
+
+
+def stratified_run_folds(examples: Sequence[Example], k: int, seed: int) -> dict[str, int]:
+    """Whole runs dealt into k folds family by family (StratifiedGroupKFold by workload family).
+
+    A family with several runs then sits on both sides of most folds, so the run split measures
+    "a new run of a known workload"; "a workload never seen" is what the family split measures.
+    With plain shuffling, seed 0 happened to put all four low-utilisation GPT-2 inference and ResNet
+    training runs in one fold, which measured the latter by accident.
+    """
+    by_run: dict[str, list[Example]] = {}
+    for e in examples:
+        by_run.setdefault(e.run, []).append(e)
+    fam_runs: dict[str, list[str]] = {}
+    for r in sorted(by_run):
+        fam_runs.setdefault(run_family(by_run[r], r), []).append(r)
+    rng = np.random.default_rng(seed)
+    assign: dict[str, int] = {}
+    nxt = 0  # carried across families so the folds stay even in size
+    for fam in sorted(fam_runs):
+        rs = list(fam_runs[fam])
+        rng.shuffle(rs)
+        for r in rs:
+            assign[r] = nxt % k
+            nxt += 1
+    return assign
+
+
 def folds(
     examples: Sequence[Example], split: str, k: int = 5, seed: int = 0
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(name, train example ids, test example ids). A run never sits on both sides.
 
-    run: k folds of whole runs. gpu|source|family: leave one value out; training then drops every run
-    that has any example in the test side (bystander GPUs share the run of the workload beside them).
+    run: k folds of whole runs, dealt family by family (see `stratified_run_folds`); run-random: the
+    same without the family stratification. gpu|source|family|dataset: leave one value out (dataset =
+    one labels table, e.g. a site's own recordings); training then drops every run that has any example
+    in the test side (bystander GPUs share the run of the workload beside them).
     """
     runs = np.array([e.run for e in examples])
-    if split == "run":
-        uniq = np.array(sorted(set(runs)))
-        rng = np.random.default_rng(seed)
-        rng.shuffle(uniq)
-        assign = {r: i % k for i, r in enumerate(uniq)}
+    if split in ("run", "run-random"):
+        if split == "run":
+            assign = stratified_run_folds(examples, k, seed)
+        else:
+            assign = _random_run_folds(runs, k, seed)
         fold_of = np.array([assign[r] for r in runs])
         return [(f"fold{f}", np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)) for f in range(k)]
-    attr = {"gpu": "gpu", "source": "source", "family": "family"}.get(split)
+    attr = {"gpu": "gpu", "source": "source", "family": "family", "dataset": "dataset"}.get(split)
     if attr is None:
         raise ValueError(f"unknown split {split!r}")
     values = np.array([getattr(e, attr) for e in examples])
@@ -274,10 +316,11 @@ def cross_validate(
     predictor: Callable[[Any, WindowTable, np.ndarray], tuple[FloatArray, np.ndarray, np.ndarray]]
     | None = None,
     progress: Callable[[str], None] | None = None,
+    seed: int = 0,
 ) -> Predictions:
     """Fit on the train side of each fold, predict the primary copy of the test side."""
     out = Predictions()
-    for fi, (name, train, test) in enumerate(folds(table.examples, split, k)):
+    for fi, (name, train, test) in enumerate(folds(table.examples, split, k, seed)):
         rows = table.rows(test, (1,))
         if rows.size == 0 or train.size == 0:
             continue
@@ -447,6 +490,7 @@ def baseline_cv(
     k: int = 5,
     n_trees: int | None = None,
     progress: Callable[[str], None] | None = None,
+    seed: int = 0,
 ) -> Predictions:
     """The paper's pipeline on the same folds and windows as `cross_validate`."""
     from phasescope.classify.paper_baseline import N_TREES, PaperBaseline
@@ -467,7 +511,8 @@ def baseline_cv(
         labels = np.where(has_data, np.nan_to_num(proba, nan=-1).argmax(axis=1), -1)
         return proba, labels, labels.copy()
 
-    return cross_validate(table, split, k, fitter, predictor, progress)
+    say = (lambda m: progress(f"paper RF {m}")) if progress else None
+    return cross_validate(table, split, k, fitter, predictor, say, seed)
 
 
 def evaluate(
@@ -476,48 +521,59 @@ def evaluate(
     baseline: bool = False,
     k: int = 5,
     progress: Callable[[str], None] | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Figures for our model (and the paper baseline) on the same grouped folds."""
     t0 = time.perf_counter()
     res: dict[str, Any] = {
         "split": split,
-        "folds": len(folds(table.examples, split, k)),
-        "model": metrics(table, cross_validate(table, split, k, progress=progress)),
+        "seed": seed,
+        "folds": len(folds(table.examples, split, k, seed)),
+        "model": metrics(table, cross_validate(table, split, k, progress=progress, seed=seed)),
     }
     res["model_seconds"] = time.perf_counter() - t0
     if baseline:
         t1 = time.perf_counter()
-        res["baseline"] = metrics(table, baseline_cv(table, split, k, progress=progress))
+        res["baseline"] = metrics(table, baseline_cv(table, split, k, progress=progress, seed=seed))
         res["baseline_seconds"] = time.perf_counter() - t1
     return res
 
 
-def subset_accuracy(table: WindowTable, k: int = 5) -> dict[str, dict[str, Any]]:
+def subset_accuracy(
+    table: WindowTable, k: int = 5, progress: Callable[[str], None] | None = None
+) -> dict[str, dict[str, Any]]:
     """Run-grouped CV with every example reduced to one realistic signal subset at a time.
 
     Features of the removed signals are blanked (they depend on nothing else), and each fold fits only
     the subset's own booster, exactly as a trace with just those signals would be judged.
     """
     out: dict[str, dict[str, Any]] = {}
-    for name, signals in SUBSETS.items():
-        if name in ("power_util", "power_mem"):
-            continue
+    for name in SUBSET_REPORTED:
+        signals = SUBSETS[name]
         keep = [i for i, p in enumerate(table.present) if signals <= p]
         if not keep:
             continue
         sub = _restrict(table, signals)
         pred = cross_validate(sub, "run", k)
-        m = metrics(sub, pred)
-        out[name] = {
-            "signals": sorted(signals),
-            "window_accuracy": m["window"]["accuracy"],
-            "window_balanced_accuracy": m["window"]["balanced_accuracy"],
-            "training_recall": m["window"]["training_recall"],
-            "training_fpr": m["window"]["training_fpr"],
-            "run_accuracy": m["run"]["accuracy"],
-            "evasion_detected": m["evasion_detection"]["detected"],
-        }
+        out[name] = {"signals": sorted(signals), **headline(metrics(sub, pred))}
+        if progress:
+            progress(f"subset {name}")
     return out
+
+
+def headline(m: dict[str, Any]) -> dict[str, Any]:
+    """The few figures quoted everywhere (model card, subset table) from a `metrics` result."""
+    return {
+        "window_accuracy": m["window"]["accuracy"],
+        "window_balanced_accuracy": m["window"]["balanced_accuracy"],
+        "training_recall": m["window"]["training_recall"],
+        "training_fpr": m["window"]["training_fpr"],
+        "run_accuracy": m["run"]["accuracy"],
+        "evasion_detected": m["evasion_detection"]["detected"],
+    }
+
+
+SUBSET_REPORTED = tuple(n for n in SUBSETS if n not in ("power_util", "power_mem"))
 
 
 def _restrict(table: WindowTable, signals: frozenset[str]) -> WindowTable:

@@ -19,7 +19,12 @@ _COMMANDS: dict[str, str] = {
     "train-model": "train_model",
     "demo": "demo",
     "run": "run",
+    "scrape": "scrape",
     "cost": "cost",
+    "verify": "verify", "audit": "audit", "ledger": "ledger",
+    "serve": "serve",
+    "fleet": "fleet",
+    "report": "report",
 }
 
 

@@ -218,7 +218,13 @@ def _short_path(path: str, limit: int = 48) -> str:
               help="Stride between windows in seconds (default: the model's).")
 def command(paths: tuple[str, ...], fmt: str, as_json: bool, model_path: str | None,
             window: float | None, stride: float | None) -> None:
-    """Classify recorded traces: training, inference, other compute or idle, per device and over time."""
+    """Classify recorded traces: training, inference, other compute or idle, per device and over time.
+
+    \b
+    Examples:
+      phasescope classify run.parquet
+      phasescope classify nvml.csv gpu_log.csv --json
+    """
     from phasescope.classify.model import PhaseModel
     from phasescope.sources.replay import read
 

@@ -72,8 +72,9 @@ def command(
         if plain:
             listing = ", ".join(f"{role} pid {pid}" for pid, role in children.pids().items())
             click.echo(f"demo: started {listing}; logs in {children.log_dir}")
+        events = str(children.events_dir) if children.events_dir else None
         run_live(source, interval, duration=duration, mode="plain" if plain else "tui", process_labels=roles,
-                 notices=notices)
+                 notices=notices, events_dir=events, consume_events=True)
         problems = children.failed()
     finally:
         children.stop()

@@ -50,7 +50,7 @@ def _rows(m: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def _print_result(res: dict[str, Any]) -> None:
     base = res.get("baseline")
-    click.echo(f"\nsplit: {res['split']} ({res['folds']} folds; no run on both sides)")
+    click.echo(f"\nsplit: {res['split']} ({res['folds']} folds, seed {res['seed']}; no run on both sides)")
     head = f"{'':40} {'phasescope':>11}" + (f" {'paper RF':>11}" if base else "")
     click.echo(head)
     brows = dict(_rows(base)) if base else {}
@@ -77,11 +77,20 @@ def _print_result(res: dict[str, Any]) -> None:
 @click.command("eval")
 @click.argument("data", nargs=-1, required=True)
 @click.option(
+    "--extra",
+    "extra",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="More labelled data (a folder with labels.csv, or the table), e.g. your own recordings; "
+    "repeatable. Joins every split; --split dataset holds each table out in turn.",
+)
+@click.option(
     "--split",
     "splits",
     multiple=True,
-    type=click.Choice(["run", "gpu", "source", "family"]),
-    help="Grouping for the folds (repeatable; default: run).",
+    type=click.Choice(["run", "run-random", "gpu", "source", "family", "dataset"]),
+    help="Grouping for the folds (repeatable; default: run). run: k folds of whole runs, stratified by "
+    "family; gpu/source/family/dataset: leave one out.",
 )
 @click.option(
     "--baseline",
@@ -94,47 +103,65 @@ def _print_result(res: dict[str, Any]) -> None:
     "--subsets", is_flag=True, help="Also report run-grouped accuracy for each realistic signal subset."
 )
 @click.option("-k", "folds", default=5, show_default=True, help="Folds for --split run.")
+@click.option("--seed", default=0, show_default=True, help="Seed that deals runs into folds (--split run).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(
-    data: tuple[str, ...], splits: tuple[str, ...], baseline: str, subsets: bool, folds: int, as_json: bool
+    data: tuple[str, ...],
+    extra: tuple[str, ...],
+    splits: tuple[str, ...],
+    baseline: str,
+    subsets: bool,
+    folds: int,
+    seed: int,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
-    """Evaluate the phase classifier on labelled DATA (labels.csv files, or folders holding one)."""
-    from phasescope.classify import train
+    """Evaluate the phase classifier on labelled DATA (labels.csv files, or folders holding one).
 
-    examples = train.load_data(list(data))
+    Example: phasescope eval ../shared/data --extra data/h200 --split run --split gpu --split dataset
+    """
+    from phasescope.classify import train
+    from phasescope.classify.progress import steps
+
+    sources = [*data, *extra]
+    examples = train.load_data(sources)
     if not examples:
-        raise InputError(data[0], "labels", "at least one labelled trace", "none")
-    table = train.build_table(examples)
-    progress = None if as_json else (lambda msg: click.echo(f"  {msg}", err=True))
-    out: dict[str, Any] = {
-        "examples": len(examples),
-        "runs": len({e.run for e in examples}),
-        "windows": int((table.copy == 1).sum()),
-        "results": [],
-    }
-    if not as_json:
-        click.echo(f"{out['examples']} labelled device traces, {out['runs']} runs, {out['windows']} windows")
-    for split in splits or ("run",):
-        res = train.evaluate(table, split, baseline=baseline == "paper", k=folds, progress=progress)
-        out["results"].append(res)
-        if not as_json:
-            _print_result(res)
-    if subsets:
-        out["subsets"] = train.subset_accuracy(table, k=folds)
-        if not as_json:
-            click.echo("\nrun-grouped CV with only these signals:")
-            click.echo(
-                f"{'subset':20} {'win acc':>8} {'bal acc':>8} {'run acc':>8} {'trainRec':>8} "
-                f"{'trainFPR':>8} {'evasion':>8}"
-            )
-            for name, d in out["subsets"].items():
-                click.echo(
-                    f"{name:20} {_f(d['window_accuracy']):>8} {_f(d['window_balanced_accuracy']):>8} "
-                    f"{_f(d['run_accuracy']):>8} {_f(d['training_recall']):>8} {_f(d['training_fpr']):>8} "
-                    f"{_f(d['evasion_detected']):>8}"
-                )
+        raise InputError(sources[0], "labels", "at least one labelled trace", "none")
+    chosen = splits or ("run",)
+    with_base = baseline == "paper"
+    total = sum(len(train.folds(examples, s, folds, seed)) * (2 if with_base else 1) for s in chosen)
+    total += len(train.SUBSET_REPORTED) if subsets else 0
+    out: dict[str, Any] = {"data": sources, "results": []}
+    with steps(total, quiet=quiet) as step:
+        step.phase(f"window features for {len(examples)} traces")
+        table = train.build_table(examples)
+        out.update(
+            examples=len(examples), runs=len({e.run for e in examples}), windows=int((table.copy == 1).sum())
+        )
+        for split in chosen:
+            res = train.evaluate(table, split, baseline=with_base, k=folds, progress=step, seed=seed)
+            out["results"].append(res)
+        if subsets:
+            out["subsets"] = train.subset_accuracy(table, k=folds, progress=step)
     if as_json:
         click.echo(json.dumps(out, default=_json_default))
+        return
+    click.echo(f"{out['examples']} labelled device traces, {out['runs']} runs, {out['windows']} windows")
+    for res in out["results"]:
+        _print_result(res)
+    if subsets:
+        click.echo("\nrun-grouped CV with only these signals:")
+        click.echo(
+            f"{'subset':20} {'win acc':>8} {'bal acc':>8} {'run acc':>8} {'trainRec':>8} "
+            f"{'trainFPR':>8} {'evasion':>8}"
+        )
+        for name, d in out["subsets"].items():
+            click.echo(
+                f"{name:20} {_f(d['window_accuracy']):>8} {_f(d['window_balanced_accuracy']):>8} "
+                f"{_f(d['run_accuracy']):>8} {_f(d['training_recall']):>8} {_f(d['training_fpr']):>8} "
+                f"{_f(d['evasion_detected']):>8}"
+            )
 
 
 def _json_default(o: Any) -> Any:

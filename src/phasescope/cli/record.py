@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from phasescope.cli.run import CommandNotFound, _tty_foreground
 from phasescope.errors import SourceError
 from phasescope.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
 from phasescope.sampler import MIN_INTERVAL_S, Sampler
@@ -87,7 +89,7 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     )
 
 
-@click.command("record")
+@click.command("record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "-o",
     "--output",
@@ -120,6 +122,15 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     help="Finalise the FILE.partial/ directory a crashed recorder left, then exit.",
 )
 @click.option("--quiet", is_flag=True, help="No progress line.")
+@click.option(
+    "--label-from-hooks",
+    "label_from_hooks",
+    is_flag=True,
+    help="Run CMD with phasescope's PyTorch hooks and write its exact phases as labels.csv rows beside "
+    "the recording (for `phasescope eval` / `train-model`).",
+)
+@click.option("--family", default="", help="The `family` column of the labels rows (the workload's name).")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(
     output: Path | None,
     interval: float | None,
@@ -128,8 +139,21 @@ def command(
     segment_s: float,
     recover: Path | None,
     quiet: bool,
+    label_from_hooks: bool,
+    family: str,
+    cmd: tuple[str, ...],
 ) -> None:
-    """Record telemetry to Parquet (+ FILE.manifest.json), crash-safe: a kill -9 loses at most ~1 s."""
+    """Record telemetry to Parquet (+ FILE.manifest.json), crash-safe: a kill -9 loses at most ~1 s.
+
+    \b
+    With a CMD (after `--`), records while CMD runs and exits with its exit code.
+
+    \b
+    Examples:
+      phasescope record -o run.parquet --duration 600
+      phasescope record --recover run.parquet.partial
+      phasescope record -o train.parquet --label-from-hooks -- python train.py
+    """
     if recover is not None:
         manifest = finalize(recover)
         final = recover.with_name(recover.name[: -len(".partial")])
@@ -141,6 +165,8 @@ def command(
         raise click.BadParameter("expected a positive number of seconds", param_hint="--duration")
     if not segment_s > 0:
         raise click.BadParameter("expected a positive number of seconds", param_hint="--segment")
+    if label_from_hooks and not cmd:
+        raise click.BadParameter("expected a command to run after `--`", param_hint="--label-from-hooks")
     path = output or default_output()
 
     source = open_source(source_spec)
@@ -155,16 +181,72 @@ def command(
                 else DEFAULT_INTERVAL_S
             )
         writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
-        _record(source, Sampler(source, interval), writer, duration, not quiet, path)
+        if not cmd:
+            _record(source, Sampler(source, interval), writer, duration, not quiet, path)
+            return
+        code = _record_command(list(cmd), source, Sampler(source, interval), writer, duration, not quiet,
+                               path, label_from_hooks, family)
     finally:
         source.close()
+    sys.exit(code)
+
+
+def _record_command(cmd: list[str], source: Any, sampler: Any, writer: RecordingWriter,
+                    duration: float | None, progress_on: bool, path: Path, label_from_hooks: bool,
+                    family: str) -> int:
+    """Record while `cmd` runs (hooks injected when labelling); then write its labels; its exit code."""
+    import subprocess
+    import tempfile
+
+    from phasescope.instrument.inject import child_env
+
+    with tempfile.TemporaryDirectory(prefix="phasescope-record-") as tmp:
+        events_dir = Path(tmp)
+        env = child_env(events_dir, flush_s=2.0) if label_from_hooks else None
+        try:
+            child = subprocess.Popen(cmd, env=env)
+        except (FileNotFoundError, PermissionError) as exc:
+            writer.discard()
+            raise CommandNotFound(f"{cmd[0]}: {exc.strerror or 'cannot run'}") from None
+        stop = threading.Event()
+
+        def stop_when_done() -> None:
+            child.wait()
+            stop.set()
+
+        threading.Thread(target=stop_when_done, name="phasescope-child", daemon=True).start()
+        try:
+            _record(source, sampler, writer, duration, progress_on, path, stop=stop, child=child)
+        finally:
+            code = child.wait()
+        if label_from_hooks:
+            _write_labels(events_dir, path, writer, family)
+    return 128 - code if code < 0 else code
+
+
+def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family: str) -> None:
+    from phasescope.instrument.labels import label_rows, write_labels_csv
+
+    seen = [s for s in PAPER_SIGNALS if s not in set(writer.missing_signals())]
+    rate = f"{1.0 / writer.interval_s:g}" if writer.interval_s else ""
+    rows = label_rows(events_dir, path.name, writer.devices, family=family, run=path.stem, rate_hz=rate,
+                      signals=";".join(seen))
+    labels = path.parent / "labels.csv"
+    if not rows:
+        click.echo("phasescope: no labels: the command's hooks saw no PyTorch forward or step on a recorded "
+                   "device", err=True)
+        return
+    write_labels_csv(rows, labels)
+    phases = ", ".join(f"{r['label']} {float(r['t_to']) - float(r['t_from']):.1f} s" for r in rows)
+    click.echo(f"phasescope: {len(rows)} label row(s) ({phases}) appended to {labels}", err=True)
 
 
 def _record(
-    source: Any, sampler: Any, writer: RecordingWriter, duration: float | None, progress_on: bool, path: Path
+    source: Any, sampler: Any, writer: RecordingWriter, duration: float | None, progress_on: bool, path: Path,
+    stop: threading.Event | None = None, child: Any = None,
 ) -> None:
     progress = _Progress(writer, progress_on)
-    stop = threading.Event()
+    stop = stop or threading.Event()
 
     def on_tick(batch: TickBatch) -> None:
         if getattr(source, "exhausted", False):  # a replay without loop has played to its end
@@ -177,6 +259,10 @@ def _record(
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
+        # Pass the signal on, except a terminal's Ctrl-C, which reached the child already.
+        if child is not None and not (signum == signal.SIGINT and _tty_foreground()):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
         # A second Ctrl-C interrupts at once; the partial directory stays recoverable.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -24,6 +24,7 @@ from phasescope.instrument.analysis import summarize
 from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
 from phasescope.instrument.run_report import print_summary, render_html
+from phasescope.sources.scrape.poller import Poller
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -157,10 +158,16 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
               help="Keep the raw hook events in this directory (default: a temporary one).")
 @click.option("--idle-gap", type=float, default=10.0, show_default=True,
               help="A pause longer than this (seconds) between forwards is an idle segment.")
+@click.option("--scrape", "scrape_urls", multiple=True, metavar="URL",
+              help="Also scrape this vLLM / TGI / Triton /metrics endpoint while the command runs and report "
+                   "its inference KPIs over that time (repeatable).")
+@click.option("--scrape-interval", type=float, default=5.0, show_default=True,
+              help="Seconds between scrapes of --scrape endpoints.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(report_path: str | None, json_path: str | None, interval: float, source: str,
-            events_path: str | None, idle_gap: float, quiet: bool, cmd: tuple[str, ...]) -> None:
+            events_path: str | None, idle_gap: float, scrape_urls: tuple[str, ...], scrape_interval: float,
+            quiet: bool, cmd: tuple[str, ...]) -> None:
     """Run CMD with PyTorch hooks injected and the device watched; print and write its phases and KPIs.
 
     Example: phasescope run --json run.json -- python train.py --epochs 1
@@ -173,9 +180,13 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
         else:
             events_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="phasescope-run-")))
         watch.start()
+        pollers = [Poller(url, scrape_interval) for url in scrape_urls]
+        for poller in pollers:
+            poller.start()
         code, start, end = run_command(list(cmd), events_dir, flush_s=max(0.5, interval * 2))
         telemetry = watch.finish()
-        notes = list(watch.notes)
+        servers = [kpi for poller in pollers for kpi in poller.finish()]
+        notes = list(watch.notes) + [n for poller in pollers for n in poller.notes]
         try:
             doc: dict[str, Any] = summarize(load_events(events_dir), idle_gap_s=idle_gap)
         except Exception as exc:  # the command's exit code must survive a bad or partial event log
@@ -186,7 +197,7 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
                      "command's "
                      "Python, and does it import torch?")
     doc.update(command=list(cmd), exit_code=code, start=start, end=end, duration_s=end - start,
-               telemetry=telemetry, notes=notes)
+               telemetry=telemetry, servers=servers, notes=notes)
     if not quiet:
         print_summary(doc, Console(stderr=True))
     if json_path:

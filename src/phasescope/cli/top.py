@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import click
 
+from phasescope.cli.cost import _config, _price_options
 from phasescope.errors import SourceError
+from phasescope.instrument.events import EVENTS_DIR_ENV
+from phasescope.kpi.cost import Prices
 from phasescope.live_state import SORT_KEYS, LiveState, feed
+from phasescope.schema import DeviceInfo
 from phasescope.sources.base import LiveSource
 
+if TYPE_CHECKING:
+    from phasescope.config import Config
+    from phasescope.live_annotate import ScrapeKpiReader
+
 ONCE_TICKS = 2  # per-process CPU % needs two readings
-PLAIN_WIDTH = 260  # columns when stdout is a file or pipe: one line per row, nothing cut
+PLAIN_WIDTH = 300  # columns when stdout is a file or pipe: one line per row, nothing cut
 
 
 def plain_console_width() -> int:
@@ -34,15 +44,44 @@ def run_live(
     filter_text: str = "",
     process_labels: Mapping[int, str] | None = None,
     notices: Sequence[str] = (),
+    classify: bool = True,
+    events_dir: str | None = None,
+    prices: Prices | Callable[[DeviceInfo], Prices] | None = None,
+    idle_util: float = 0.05,
+    annotate: Callable[[LiveState], None] | None = None,
+    scrapes: Sequence[str] = (),
+    consume_events: bool = False,
 ) -> LiveState:
     """Watch `source` in one of three modes: "tui" (full screen), "plain" (a table per tick), "once".
 
-    The source is closed when sampling ends. Returns the state, so callers can report on what was seen.
+    With `classify`, each device gets its phase from the live classifier; with `events_dir` (default:
+    $PHASESCOPE_EVENTS_DIR), hook KPIs; with `scrapes` (URL[@INDEX]), a serving engine's KPIs. `prices`
+    (default: the config file's) turn metered energy into cost. `annotate` replaces the classifier and
+    the KPI readers (tests). The source is closed when sampling ends. Returns the state.
     """
-    state = LiveState(source.name)
+    if prices is None:  # not given: the config file's, per device model (none set -> energy without cost)
+        from phasescope import config as configmod
+
+        prices = device_prices(configmod.load(None), None, None)
+    state = LiveState(source.name, prices=prices, idle_util=idle_util)
     state.process_labels.update(process_labels or {})
     for line in notices:
         state.note(line)
+    scrapers = [scrape_reader(spec) for spec in scrapes]
+    if annotate is None:
+        annotate = make_annotator(state, classify, events_dir or os.environ.get(EVENTS_DIR_ENV) or None,
+                                  scrapers, consume_events)
+    for scraper in scrapers:
+        scraper.start()
+    try:
+        return _watch(state, source, interval_s, mode, duration, sort, filter_text, annotate)
+    finally:
+        for scraper in scrapers:
+            scraper.stop()
+
+
+def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, duration: float | None,
+           sort: str, filter_text: str, annotate: Callable[[LiveState], None] | None) -> LiveState:
     stop = threading.Event()
     if mode == "tui":
         try:
@@ -57,7 +96,7 @@ def run_live(
 
         app = TopApp(
             state,
-            lambda ev: feed(state, source, interval_s, ev, duration=None),
+            lambda ev: feed(state, source, interval_s, ev, duration=None, annotate=annotate),
             duration=duration,
             sort=sort,
             filter_text=filter_text,
@@ -77,7 +116,7 @@ def run_live(
     console = Console(width=width) if width else Console()
 
     def sample() -> None:
-        feed(state, source, interval_s, stop, duration=duration)
+        feed(state, source, interval_s, stop, duration=duration, annotate=annotate)
 
     worker = threading.Thread(target=sample, name="phasescope-sampler", daemon=True)
     worker.start()
@@ -99,6 +138,56 @@ def run_live(
     return state
 
 
+def device_prices(
+    cfg: Config, gpu_hour: float | None, kwh: float | None
+) -> Callable[[DeviceInfo], Prices]:
+    """Per device: the config file's prices for its model, with each price given as a flag put over them."""
+
+    def price(info: DeviceInfo) -> Prices:
+        p = cfg.prices.for_device(info.name)
+        return Prices(p.usd_per_gpu_hour if gpu_hour is None else gpu_hour,
+                      p.usd_per_kwh if kwh is None else kwh)
+
+    return price
+
+
+def scrape_reader(spec: str) -> ScrapeKpiReader:
+    """'http://host:8000/metrics@1' -> a reader for GPU index 1 ('@GPU-…' uuid too; none: the only device)."""
+    from phasescope.live_annotate import ScrapeKpiReader
+
+    url, at, device = spec.rpartition("@")
+    if at and (device.isdigit() or device.startswith(("GPU-", "MIG-", "host:"))):
+        return ScrapeKpiReader(url, device)
+    return ScrapeKpiReader(spec)
+
+
+def make_annotator(
+    state: LiveState,
+    classify: bool,
+    events_dir: str | None,
+    scrapes: Sequence[ScrapeKpiReader] = (),
+    consume_events: bool = False,
+) -> Callable[[LiveState], None] | None:
+    """The live classifier, hook-KPI and /metrics readers, as far as they can run here (a missing part is a
+    notice)."""
+    from phasescope.live_annotate import Annotator, HookKpiReader
+
+    classifier = None
+    if classify:
+        try:
+            from phasescope.live_classify import LiveClassifier
+
+            classifier = LiveClassifier()
+            # Parse the model's boosters (seconds) beside the first ticks rather than inside one.
+            threading.Thread(target=classifier.warm_up, name="phasescope-warm-up", daemon=True).start()
+        except Exception as exc:  # e.g. lightgbm missing: telemetry still shows, the phase says why not
+            state.note(f"no phase: classifier not available ({type(exc).__name__}: {exc})")
+    hooks = HookKpiReader(events_dir, consume=consume_events) if events_dir else None
+    if classifier is None and hooks is None and not scrapes:
+        return None
+    return Annotator(classifier, hooks, scrapes)
+
+
 @click.command("top")
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
@@ -110,7 +199,17 @@ def run_live(
 @click.option("--plain", is_flag=True,
               help="No full screen: print a table each sample (the default when stdout is not a terminal).")
 @click.option("--sort", type=click.Choice(SORT_KEYS), default="order", show_default=True)
-@click.option("--filter", "filter_text", default="", help="Show only rows whose device or process matches.")
+@click.option("--filter", "filter_text", default="",
+              help="Show only rows whose device, process, phase or 'idle-held' matches.")
+@click.option("--classify/--no-classify", default=True, show_default=True,
+              help="Classify each device's phase live with the shipped model.")
+@click.option("--events", "events_dir", default=None, type=click.Path(file_okay=False, path_type=str),
+              help="Hook events directory for step time, samples/s, MFU, req/s, latency "
+                   "(default: $PHASESCOPE_EVENTS_DIR).")
+@click.option("--scrape", "scrapes", multiple=True, metavar="URL[@INDEX]",
+              help="A vLLM / TGI / Triton /metrics URL: requests/s and p50/p99 latency for the GPU at INDEX "
+                   "(or uuid; the only device when omitted). Repeatable.")
+@_price_options
 def command(
     source_spec: str,
     interval: float,
@@ -119,15 +218,25 @@ def command(
     plain: bool,
     sort: str,
     filter_text: str,
+    classify: bool,
+    events_dir: str | None,
+    scrapes: tuple[str, ...],
+    price_gpu_hour: float | None,
+    price_kwh: float | None,
+    config_path: str | None,
 ) -> None:
-    """Live table of every device: the signals now and a short history.
+    """Live table of every device: its phase and confidence, the KPIs for that phase, the signals now, a
+    short history, energy and cost so far, and its processes. Idle GPUs that a process holds stand out.
 
     \b
     Examples:
       phasescope top                      # full screen; ? for keys, q to quit
       phasescope top --once               # one table, e.g. in a script
-      phasescope top --source replay:run.parquet?speed=10
+      phasescope top --source replay:run.parquet?speed=10 --price-gpu-hour 2.5
+      phasescope top --events ./events    # with KPIs from `phasescope run` hooks
+      phasescope top --scrape http://localhost:8000/metrics@0   # vLLM serving on GPU 0
     """
+    cfg = _config(config_path, price_gpu_hour, price_kwh)
     notices: list[str] = []
     source = open_watched(source_spec, notices.append, host_row=False)
     mode = "once" if once else "plain" if plain or not sys.stdout.isatty() else "tui"
@@ -135,7 +244,9 @@ def command(
         for line in notices:
             click.echo(f"phasescope: {line}", err=True)
     run_live(source, interval, duration=duration, mode=mode, sort=sort, filter_text=filter_text,
-             notices=notices)
+             notices=notices, classify=classify, events_dir=events_dir,
+             prices=device_prices(cfg, price_gpu_hour, price_kwh),
+             idle_util=cfg.thresholds.idle_util, scrapes=scrapes)
 
 
 def open_watched(spec: str, say: Callable[[str], None], host_row: bool) -> LiveSource:

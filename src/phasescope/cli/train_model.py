@@ -27,42 +27,50 @@ from phasescope.errors import InputError
     help="Run run-grouped cross-validation first and put its figures in the model card.",
 )
 @click.option("-k", "folds", default=5, show_default=True, help="Folds for the card's cross-validation.")
-def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int) -> None:
-    """Fit the phase model on DATA (labels.csv files, or folders holding one) and write it to MODEL."""
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quiet: bool) -> None:
+    """Fit the phase model on DATA (labels.csv files, or folders holding one) and write it to MODEL.
+
+    \b
+    Example:
+      phasescope train-model ../shared/data -o my_model.json
+    """
     from phasescope.classify import train
+    from phasescope.classify.progress import steps
 
     t0 = time.perf_counter()
     examples = train.load_data(list(data))
     if not examples:
         raise InputError(data[0], "labels", "at least one labelled trace", "none")
-    table = train.build_table(examples)
-    click.echo(
-        f"{len(examples)} labelled traces, {len({e.run for e in examples})} runs, "
-        f"{int((table.copy == 1).sum())} windows",
-        err=True,
-    )
+    n_folds = len(train.folds(examples, "run", folds)) if evaluate else 0
     evaluation = None
-    if evaluate:
-        res = train.evaluate(table, "run", k=folds)
-        m = res["model"]
-        evaluation = {
-            "split": f"run-grouped {folds}-fold CV",
-            "window_accuracy": m["window"]["accuracy"],
-            "window_balanced_accuracy": m["window"]["balanced_accuracy"],
-            "run_accuracy": m["run"]["accuracy"],
-            "training_recall": m["window"]["training_recall"],
-            "training_fpr": m["window"]["training_fpr"],
-            "evasion_detected": m["evasion_detection"]["detected"],
-            "alibaba": m.get("alibaba"),
-        }
-        click.echo(
-            f"cross-validation: window accuracy {m['window']['accuracy']:.4f}, "
-            f"run accuracy {m['run']['accuracy']:.4f}",
-            err=True,
+    with steps(n_folds + 1, quiet=quiet) as step:
+        step.phase(f"window features for {len(examples)} traces")
+        table = train.build_table(examples)
+        summary = (
+            f"{len(examples)} labelled traces, {len({e.run for e in examples})} runs, "
+            f"{int((table.copy == 1).sum())} windows"
         )
-    t1 = time.perf_counter()
-    model = train.fit_model(table)
-    fit_s = time.perf_counter() - t1
+        if evaluate:
+            m = train.evaluate(table, "run", k=folds, progress=step)["model"]
+            evaluation = {
+                "split": f"run-grouped {folds}-fold CV, stratified by family",
+                **train.headline(m),
+                "alibaba": m.get("alibaba"),
+            }
+        step.phase("fitting the shipped boosters")
+        t1 = time.perf_counter()
+        model = train.fit_model(table)
+        fit_s = time.perf_counter() - t1
+        step("fitted")
+    if not quiet:
+        click.echo(summary, err=True)
+        if evaluation is not None:
+            click.echo(
+                f"cross-validation: window accuracy {evaluation['window_accuracy']:.4f}, "
+                f"run accuracy {evaluation['run_accuracy']:.4f}",
+                err=True,
+            )
     model.card = train.model_card(table, evaluation, fit_s)
     model.save(output)
     click.echo(

@@ -45,6 +45,7 @@ class DemoChildren:
 
     children: list[Child] = field(default_factory=list)
     log_dir: Path | None = None
+    events_dir: Path | None = None  # where the children's hook events go (None: no hooks)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
     @staticmethod
@@ -57,9 +58,19 @@ class DemoChildren:
                 "(CPU build) or `pip install 'phasescope[torch]'`"
             )
 
-    def start(self, device: str = "cpu", rate: float = 20.0, batch: int = 64) -> DemoChildren:
+    def start(
+        self, device: str = "cpu", rate: float = 20.0, batch: int = 64, hooks: bool = True
+    ) -> DemoChildren:
+        """Start both workloads; with `hooks`, PyTorch hooks write their events to `events_dir` (as under
+        `phasescope run`), so the live view shows step time, samples/s, MFU, requests/s and latency."""
         self.require_torch()
         self.log_dir = Path(tempfile.mkdtemp(prefix="phasescope-demo-"))
+        env = None
+        if hooks:
+            from phasescope.instrument.inject import child_env
+
+            self.events_dir = self.log_dir / "events"
+            env = child_env(self.events_dir, flush_s=1.0)
         atexit.register(self.stop)
         try:
             for role, kind, extra in (
@@ -77,6 +88,7 @@ class DemoChildren:
                     stdout=subprocess.DEVNULL,
                     stderr=log,
                     start_new_session=True,  # own process group: killpg reaches all of it, and only it
+                    env=env,
                 )
                 self.children.append(Child(role, proc, log_path))
         except BaseException:

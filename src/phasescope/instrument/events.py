@@ -1,7 +1,8 @@
 """The hook event log: one flat float64 buffer of fixed-width rows, written to disk as .npz chunks.
 
-A row is (kind, t, a, b, c, d, flags). One `array.extend(tuple)` per event keeps the hot path to a single
-C call (atomic under the GIL, so a flushing thread never sees half a row) and allocates no per-event dicts.
+A row is (kind, t, a, b, c, d, flags). One `list.append(tuple)` per event keeps the hot path to a single
+C call (atomic under the GIL, so a flushing thread never sees half a row); a background thread compacts the
+tuples into float64 arrays.
 `t` is `time.monotonic()`; each chunk carries the (wall, monotonic) anchor taken when it was written, so
 readers map events to Unix time, the clock telemetry uses.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,30 +55,50 @@ def device_for_host() -> str:
 
 
 class EventBuffer:
-    """Append-only rows in one `array('d')`.
+    """Rows as they come (`rows.append(tuple)`, ~70 ns, the cheapest thing a hook can do: `array.extend`
+    of a tuple costs ~300 ns), compacted into float64 chunks off the hot path.
 
-    `take_new()` hands back the complete rows added since the last call and drops them from memory (a flushed
-    log lives on disk, so a long run does not grow); `snapshot()` copies whatever is still held.
+    `compact()` (the recorder's background thread, every flush interval) turns the appended tuples into one
+    (n, ROW) array, so a long run holds 56 bytes per event, not Python objects. `take_new()` hands back the
+    rows not taken yet and drops them from memory (a flushed log lives on disk); `snapshot()` copies all.
+    Appends are single C calls under the GIL, and compaction slices off only the first n rows it counted,
+    so rows appended meanwhile by any thread stay.
     """
 
     def __init__(self) -> None:
-        self.buf = array("d")
+        self.rows: list[tuple[float, ...]] = []
+        self._chunks: list[npt.NDArray[np.float64]] = []
+        self._lock = threading.Lock()  # between compacting / taking threads; appends never take it
 
     def __len__(self) -> int:
-        return len(self.buf) // ROW
+        return sum(c.shape[0] for c in self._chunks) + len(self.rows)
+
+    def compact(self) -> None:
+        with self._lock:
+            self._compact()
+
+    def _compact(self) -> None:
+        n = len(self.rows)
+        if n:
+            chunk = np.array(self.rows[:n], dtype=np.float64).reshape(-1, ROW)
+            del self.rows[:n]
+            self._chunks.append(chunk)
 
     def take_new(self) -> npt.NDArray[np.float64]:
-        end = (len(self.buf) // ROW) * ROW
-        rows = np.array(self.buf[:end], dtype=np.float64)
-        del self.buf[:end]  # one C call under the GIL: rows appended meanwhile stay
-        return rows.reshape(-1, ROW)
+        with self._lock:
+            self._compact()
+            chunks, self._chunks = self._chunks, []
+        return np.concatenate(chunks) if chunks else np.empty((0, ROW))
 
     def snapshot(self) -> npt.NDArray[np.float64]:
-        end = (len(self.buf) // ROW) * ROW
-        return np.array(self.buf[:end], dtype=np.float64).reshape(-1, ROW)
+        with self._lock:
+            tail = np.array(self.rows[:len(self.rows)], dtype=np.float64).reshape(-1, ROW)
+            return np.concatenate([*self._chunks, tail])
 
     def clear(self) -> None:
-        del self.buf[:]
+        with self._lock:
+            del self.rows[:]  # the same list: hooks hold its bound append
+            self._chunks = []
 
 
 @dataclass

@@ -1,8 +1,7 @@
 """PyTorch hooks through global, supported APIs; they write rows into an EventBuffer and do O(1) work.
 
-- `register_module_forward_pre_hook`: a per-thread "inside a root call" mark finds the outermost module call
-  (one request, or one training forward); that root's end comes from a forward hook (always_call) which
-  lives on the root module only for the duration of its call.
+- `register_module_forward_pre_hook` / `register_module_forward_hook` (always_call): a per-thread "inside a
+  root call" mark finds the outermost module call (one request, or one training forward) and its end.
 - The outermost forward's output `grad_fn.register_prehook(...)`: fires when a backward pass reaches that
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
@@ -16,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import sys
 import threading
@@ -32,6 +32,13 @@ from torch.optim import optimizer as optim_module
 
 from phasescope.instrument import events as ev
 
+_RAISED: Any = object()  # sentinel: torch called the forward hook on the exception path
+# Module-level names for the hot path (a global lookup instead of an attribute lookup per event).
+_FWD_BEGIN, _FWD_END = ev.FWD_BEGIN, ev.FWD_END
+_GRAD_ENABLED, _INFERENCE_MODE, _MODULE_TRAINING = ev.GRAD_ENABLED, ev.INFERENCE_MODE, ev.MODULE_TRAINING
+_TOKEN_INPUT, _HAS_GRAPH, _RAISED_FLAG = ev.TOKEN_INPUT, ev.HAS_GRAPH, ev.RAISED
+is_grad_enabled = torch.is_grad_enabled
+is_inference_mode_enabled = torch.is_inference_mode_enabled
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32, torch.int16})
 # Layers whose forward differs between train() and eval(): what makes a mode bug a real bug.
 _MODE_SENSITIVE: tuple[type[torch.nn.Module], ...] = (
@@ -96,16 +103,18 @@ class Recorder:
     def __init__(self, events_dir: str | Path | None = None, flush_s: float = 2.0,
                  flop_sample_step: int = 1, count_flops: bool = True) -> None:
         self.buffer = ev.EventBuffer()
-        self._emit = self.buffer.buf.extend
+        self._emit = self.buffer.rows.append
         self._tl = threading.local()
         self._roots: dict[int, int] = {}
+        self._unsampled: set[int] = set()  # roots whose activation memory is still to be measured
         self._root_refs: list[weakref.ReferenceType[torch.nn.Module]] = []
         self.roots: list[dict[str, Any]] = []
         self._opts: dict[int, int] = {}
         self._opt_refs: list[weakref.ReferenceType[torch.optim.Optimizer]] = []
         self.optimizers: list[dict[str, Any]] = []
         self._opt_steps: list[int] = []
-        self._n_fwd = 0
+        self._fwd_ids = itertools.count()
+        self._lock = threading.Lock()  # rare paths only: first call of a new root, the saved-tensor sample
         self._in_bwd = False
         self._engine = getattr(torch.autograd.Variable, "_execution_engine", None)
         self.device: str | None = None
@@ -128,29 +137,26 @@ class Recorder:
 
     # ----- installation -------------------------------------------------------------------------
     def install(self) -> None:
+        self._tl = threading.local()  # a thread stopped mid-forward by uninstall() must not stay "inside"
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
         os.register_at_fork(after_in_child=self._after_fork)
         if self.events_dir is not None:
             atexit.register(self.flush)
-            if self.flush_s > 0:
-                self._flusher = threading.Thread(target=self._flush_loop, name="phasescope-flush",
-                                                 daemon=True)
-                self._flusher.start()
+        if self.flush_s > 0:  # writes new rows, or (in memory only) compacts them into arrays
+            self._stop = threading.Event()
+            self._flusher = threading.Thread(target=self._flush_loop, name="phasescope-flush", daemon=True)
+            self._flusher.start()
 
     def uninstall(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
-        tl = self._tl
-        for name in ("stale", "handle"):  # this thread's per-call hook, if uninstalled mid-forward
-            h = getattr(tl, name, None)
-            if h is not None:
-                h.remove()
-        tl.root = tl.stale = tl.handle = None
+        self._tl = threading.local()
         self._stop.set()
         self._end_flop_sample(record=False)
         self.flush()
@@ -164,16 +170,17 @@ class Recorder:
         self._tl = threading.local()
 
     # ----- forward ------------------------------------------------------------------------------
-    # Only the global *pre* hook is global: every module call pays torch's hook path plus this one check.
-    # The end of a root call is caught by a per-instance forward hook that the root's own pre hook adds and
-    # its post hook removes again, so no phasescope object stays attached to user modules between calls
-    # (torch.save(model) and deepcopy keep working) and nested calls skip a second global hook.
+    # Two global hooks and no per-module state: the pre hook marks this thread's outermost call, the forward
+    # hook (always_call) ends it. Nothing is added to or removed from user modules' hook dicts while they run,
+    # so threads calling one model at once cannot race on those dicts (an earlier per-call hook lost ~70% of
+    # threaded forwards that way), and torch.save(model) / deepcopy never meet a phasescope object.
+    # Nested calls cost one Python call and one thread-local read each.
     def _pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         tl = self._tl
         try:
             root = tl.root
         except AttributeError:
-            root = tl.root = tl.stale = None
+            root = tl.root = None
             tl.same = 0
         if root is not None:
             if root is module:  # a root module calling itself
@@ -181,70 +188,69 @@ class Recorder:
             return
         if self._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
             return
-        if tl.stale is not None:  # left by a forward that raised (cannot be removed mid-iteration)
-            tl.stale.remove()
-            tl.stale = None
-        try:
-            handle = module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True)
-        except Exception:  # e.g. a ScriptModule: not observable this way
-            return
         rid = self._roots.get(id(module))
         if rid is None or self._root_refs[rid]() is not module:
-            rid = self._new_root(module)
-        idx = self._n_fwd
-        self._n_fwd = idx + 1
+            with self._lock:  # two threads meeting a new root at once must not both register it
+                rid = self._roots.get(id(module))
+                if rid is None or self._root_refs[rid]() is not module:
+                    rid = self._new_root(module)
+        idx = next(self._fwd_ids)  # itertools.count: atomic under the GIL, unique across threads
         tl.root = module
         tl.same = 0
-        tl.handle = handle
-        tl.rid = rid
-        tl.idx = idx
-        if self.roots[rid]["saved_bytes"] is None and self._saved_ctx is None and torch.is_grad_enabled():
-            self._start_saved_sample(rid)
-        self._emit((ev.FWD_BEGIN, monotonic(), rid, idx, 0.0, 0.0, 0.0))
+        tl.cur = (rid, idx)
+        if self._unsampled and rid in self._unsampled and self._saved_ctx is None and is_grad_enabled():
+            with self._lock:  # one sample at a time, in one thread
+                if self._saved_ctx is None and rid in self._unsampled:
+                    self._start_saved_sample(rid)
+        self._emit((_FWD_BEGIN, monotonic(), rid, idx, 0.0, 0.0, 0.0))
 
-    def _root_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   out: Any) -> None:
-        t = monotonic()
+    def _post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs_or_out: Any,
+              out: Any = _RAISED) -> None:
+        # torch calls (module, args, kwargs, out) normally and (module, args, None) when the forward raised.
         tl = self._tl
-        if getattr(tl, "root", None) is not module:  # another thread's root, or a nested call of this module
+        try:
+            if tl.root is not module:  # a nested call, or not this thread's root: the common, cheap case
+                return
+        except AttributeError:
             return
+        t = monotonic()
         if tl.same:
             tl.same -= 1
             return
         tl.root = None
+        rid, idx = tl.cur
         flags = 0
-        if out is None and sys.exc_info()[0] is not None:
-            flags = ev.RAISED  # torch is iterating this module's hooks dict: remove the handle later
-            tl.stale = tl.handle
+        if out is _RAISED:
+            out, kwargs = None, None
+            flags = _RAISED_FLAG
         else:
-            tl.handle.remove()
-        idx = tl.idx
+            kwargs = kwargs_or_out
         batch = seq = 0
-        x = _first_tensor(args, kwargs)
-        if x is not None and x.ndim:
-            batch = x.shape[0]
-            if x.ndim >= 2 and x.dtype in _TOKEN_DTYPES:
-                seq = x.shape[1]
-                flags |= ev.TOKEN_INPUT
-        if torch.is_grad_enabled():
-            flags |= ev.GRAD_ENABLED
-        if torch.is_inference_mode_enabled():
-            flags |= ev.INFERENCE_MODE
+        x = args[0] if args and type(args[0]) is Tensor else _first_tensor(args, kwargs)
+        if x is not None:
+            shape = x.shape  # one C call (~100 ns) for ndim, batch and sequence length
+            if shape:
+                batch = shape[0]
+                if len(shape) >= 2 and x.dtype in _TOKEN_DTYPES:
+                    seq = shape[1]
+                    flags |= _TOKEN_INPUT
+        if is_grad_enabled():
+            flags |= _GRAD_ENABLED
+            if out is not None:  # no grad mode, no graph: skip the search on the inference hot path
+                node = _graph_of(out)
+                if node is not None:
+                    flags |= _HAS_GRAPH
+                    node.register_prehook(partial(self._on_backward, idx))
+        if is_inference_mode_enabled():
+            flags |= _INFERENCE_MODE
         if module.training:
-            flags |= ev.MODULE_TRAINING
-        if out is not None:
-            node = _graph_of(out)
-            if node is not None:
-                flags |= ev.HAS_GRAPH
-                node.register_prehook(partial(self._on_backward, idx))
+            flags |= _MODULE_TRAINING
         if self._saved_ctx is not None and self._saved_ctx[3] == threading.get_ident():
             self._end_saved_sample()
-        self._emit((ev.FWD_END, t, tl.rid, idx, batch, seq, flags))
+        self._emit((_FWD_END, t, rid, idx, batch, seq, flags))
 
     def _new_root(self, module: torch.nn.Module) -> int:
         rid = len(self.roots)
-        self._roots[id(module)] = rid
-        self._root_refs.append(weakref.ref(module))
         n_params = 0
         param_bytes = 0
         dtype = ""
@@ -259,6 +265,9 @@ class Recorder:
         self.roots.append({"name": type(module).__name__, "params": n_params, "param_bytes": param_bytes,
                            "dtype": dtype, "device": str(device) if device is not None else "",
                            "mode_sensitive_layers": sensitive, "saved_bytes": None})
+        self._unsampled.add(rid)
+        self._root_refs.append(weakref.ref(module))
+        self._roots[id(module)] = rid  # published last: lock-free readers in other threads see it whole
         if device is not None and device.type == "cuda" and self.device is None:
             with contextlib.suppress(Exception):
                 self.device = _cuda_uuid(device)
@@ -284,6 +293,7 @@ class Recorder:
             ctx.__enter__()
         except Exception:
             self.roots[rid]["saved_bytes"] = -1
+            self._unsampled.discard(rid)
             return
         self._saved_ctx = (ctx, total, seen, threading.get_ident(), rid)
 
@@ -299,6 +309,7 @@ class Recorder:
                     if p.untyped_storage().data_ptr() in seen:
                         total[0] -= p.untyped_storage().nbytes()
         self.roots[sampled_rid]["saved_bytes"] = max(0, total[0])
+        self._unsampled.discard(sampled_rid)
 
     # ----- backward -----------------------------------------------------------------------------
     def _on_backward(self, idx: int, grad_outputs: Any) -> None:
@@ -320,11 +331,14 @@ class Recorder:
     def _opt_id(self, opt: torch.optim.Optimizer) -> int:
         oid = self._opts.get(id(opt))
         if oid is None or self._opt_refs[oid]() is not opt:
-            oid = len(self.optimizers)
-            self._opts[id(opt)] = oid
-            self._opt_refs.append(weakref.ref(opt))
-            self.optimizers.append({"name": type(opt).__name__})
-            self._opt_steps.append(0)
+            with self._lock:
+                oid = self._opts.get(id(opt))
+                if oid is None or self._opt_refs[oid]() is not opt:
+                    oid = len(self.optimizers)
+                    self._opt_refs.append(weakref.ref(opt))
+                    self.optimizers.append({"name": type(opt).__name__})
+                    self._opt_steps.append(0)
+                    self._opts[id(opt)] = oid  # published last, as for roots
         return oid
 
     def _opt_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -435,5 +449,9 @@ class Recorder:
                 self._wrote = True
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self.flush_s):
-            self.flush()
+        stop = self._stop
+        while not stop.wait(self.flush_s):
+            if self.events_dir is None:
+                self.buffer.compact()
+            else:
+                self.flush()

@@ -56,6 +56,43 @@ GENERATION_ROWS = (
 )
 
 
+SERVER_ROWS = (
+    ("requests", "requests", ""), ("requests/s", "requests_per_s", ""),
+    ("latency p50", ("latency_s", "p50"), "s"), ("latency p95", ("latency_s", "p95"), "s"),
+    ("latency p99", ("latency_s", "p99"), "s"), ("latency mean", ("latency_s", "mean"), "s"),
+    ("time to first token p50", ("ttft_s", "p50"), "s"), ("time to first token p95", ("ttft_s", "p95"), "s"),
+    ("inter-token latency p50", ("inter_token_s", "p50"), "s"), ("generated tokens/s", "tokens_per_s", ""),
+    ("prompt tokens/s", "prompt_tokens_per_s", ""), ("running", "running", ""), ("waiting", "waiting", ""),
+    ("batch size (mean)", "batch_size_mean", ""), ("KV cache usage", "kv_cache_usage", "%"),
+)
+
+
+def server_rows(kpis: dict[str, Any]) -> list[tuple[str, str]]:
+    """(KPI, value) rows of one scraped serving engine (sources/scrape), skipping what it does not export."""
+    out: list[tuple[str, str]] = []
+    for label, key, unit in SERVER_ROWS:
+        value = (kpis.get(key[0]) or {}).get(key[1]) if isinstance(key, tuple) else kpis.get(key)
+        if value is not None:
+            out.append((label, _fmt(float(value), unit)))
+    return out
+
+
+def server_title(kpis: dict[str, Any]) -> str:
+    models = ", ".join(kpis.get("models") or []) or "model not labelled"
+    basis = f"over {kpis['window_s']:.1f} s" if kpis.get("window_s") else "since the server started"
+    return f"{kpis['engine']} at {kpis['endpoint']} ({models}), {basis}"
+
+
+def print_servers(servers: Sequence[dict[str, Any]], console: Console) -> None:
+    for srv in servers:
+        table = Table(title=escape(server_title(srv)), title_justify="left")
+        table.add_column("KPI")
+        table.add_column("value")
+        for row in server_rows(srv):
+            table.add_row(*row)
+        console.print(table)
+
+
 def _rows(proc: dict[str, Any]) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     generation = (proc.get("inference") or {}).get("generation")
@@ -86,8 +123,9 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
         console.print(kpi)
         for w in proc["warnings"]:
             console.print(f"[bold yellow]warning[/]: {escape(w['message'])}")
+    print_servers(doc.get("servers") or [], console)
     for note in doc.get("notes") or []:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")
     if "exit_code" in doc:
         console.print(f"command exited with {doc['exit_code']}")
 
@@ -138,6 +176,9 @@ def render_html(doc: dict[str, Any]) -> str:
                             [(d["uuid"], str(d["samples"]), _fmt(d.get("gpu_util_mean"), "%"),
                               _fmt(d.get("mem_used_max"), "B"), _fmt(d.get("power_mean"), " W"),
                               _fmt(d.get("energy_j"), " J")) for d in tel["devices"]]))
+    for srv in doc.get("servers") or []:
+        parts.append(f"<h2>Serving engine: {html.escape(server_title(srv))}</h2>")
+        parts.append(_table(("KPI", "value"), server_rows(srv)))
     for note in doc.get("notes") or []:
         parts.append(f"<p>note: {html.escape(note)}</p>")
     parts.append("</body></html>")

@@ -58,6 +58,37 @@ def read_text(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+# Line breaks str.splitlines() honours besides "\n" (and "\r\n"); a file with any takes the slow path.
+_ODD_BREAKS = (b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e")
+
+
+def read_lines(path: Path, *, strip_bom: bool = False) -> pa.Array:
+    """The file's lines as an Arrow string array: `read_text(path).splitlines()` without a Python
+    object per line (the text readers then work on whole columns).
+
+    Plain ASCII with "\n" or "\r\n" endings is split by Arrow; anything else (other UTF-8, stray
+    "\r", form feeds, a BOM) goes through Python so the lines are exactly what splitlines gives.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, "file", "a readable file", exc.strerror or str(exc)) from None
+    plain = data.isascii() and not any(b in data for b in _ODD_BREAKS)
+    crlf = plain and b"\r" in data
+    if crlf and data.count(b"\r") != data.count(b"\r\n"):
+        plain = False
+    if not plain:
+        text = data.decode("utf-8", errors="replace")
+        return pa.array((text.lstrip("\ufeff") if strip_bom else text).splitlines(), pa.string())
+    if not data:
+        return pa.array([], pa.string())
+    body = data[:-1] if data.endswith(b"\n") else data
+    lines = pc.list_flatten(
+        pc.split_pattern(pa.array([body], pa.large_binary()).cast(pa.large_string()), "\n")
+    )
+    return pc.utf8_rtrim(lines, "\r") if crlf else lines
+
+
 def head_text(path: Path, size: int = 65536) -> str:
     return read_head(path, size).decode("utf-8", errors="replace")
 
@@ -151,6 +182,11 @@ def strings_to_float(
         i = int(bad[0]) if bad.size else 0
         raise InputError(path, f"row {row_base + i}, field {field!r}", "a number", arr[i].as_py()) from None
     return np.asarray(out.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def arrow_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An Arrow boolean column as a numpy bool array (null = False)."""
+    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _hex_to_float(

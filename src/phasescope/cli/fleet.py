@@ -1,0 +1,188 @@
+"""`phasescope fleet`: classify every GPU that a Prometheus-compatible server holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from phasescope import config as configmod
+from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES
+from phasescope.fleet.scan import ScanOptions, scan
+from phasescope.fleet.shard import parse_shard
+from phasescope.fleet.timespec import parse_duration, parse_instant
+from phasescope.kpi.cost import Prices
+
+
+def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) -> configmod.PriceConfig:
+    cfg = configmod.load(config_path).override(prices__usd_per_gpu_hour=gpu_hour, prices__usd_per_kwh=kwh)
+    return cfg.prices
+
+
+@click.command(
+    "fleet",
+    epilog="Examples:\n\n"
+    "  phasescope fleet --prometheus http://prometheus:9090 --since 1h\n\n"
+    "  phasescope fleet --prometheus http://thanos-query:9090 --selector '{namespace=\"ml\"}' --json\n\n"
+    "  phasescope fleet --prometheus http://prometheus:9090 --serve --shard 0/4 --port 9465",
+)
+@click.option(
+    "--prometheus",
+    "url",
+    envvar="PHASESCOPE_PROMETHEUS",
+    required=True,
+    help="Base URL of Prometheus, Thanos Query, Mimir (…/prometheus) or VictoriaMetrics.",
+)
+@click.option("--since", default="1h", show_default=True, help="How far back to classify (90s, 15m, 1h, 2d).")
+@click.option("--end", "end_text", default=None, help="End of the range (Unix s or ISO 8601; default now).")
+@click.option(
+    "--step",
+    default="1s",
+    show_default=True,
+    help="Query step; the model is validated for 0.1-20 Hz, so keep it at the scrape interval <= 10s.",
+)
+@click.option(
+    "--selector", default="", help='Extra label matchers, e.g. \'{namespace="ml",Hostname=~"a.*"}\'.'
+)
+@click.option("--shard", "shard_text", default=None, help="Keep only this replica's devices: I/N (0-based).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option(
+    "--held-mem-gib",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_HELD_MEM_BYTES / 1024**3,
+    show_default=True,
+    help="An idle GPU holding this much memory (or a pod) counts as held-idle.",
+)
+@click.option("--price-gpu-hour", type=click.FloatRange(min=0), default=None, help="USD per GPU-hour.")
+@click.option("--price-kwh", type=click.FloatRange(min=0), default=None, help="USD per kWh.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Config file with prices (default: $PHASESCOPE_CONFIG or ~/.config/phasescope/config.toml).",
+)
+@click.option(
+    "--batch-samples",
+    type=click.IntRange(min=10_000),
+    default=4_000_000,
+    show_default=True,
+    help="Samples asked for in one query (keep below the server's query.max-samples).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 32),
+    default=2,
+    show_default=True,
+    help="Queries in flight at once.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for one query.",
+)
+@click.option(
+    "--serve",
+    "serve",
+    is_flag=True,
+    help="Keep running: re-classify on a schedule and serve /metrics, a fleet page and /api/fleet.",
+)
+@click.option("--every", default="60s", show_default=True, help="With --serve: time between passes.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --serve: address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=9465,
+    show_default=True,
+    help="With --serve: port to listen on.",
+)
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    help="With --serve: also push the results as OTLP metrics here (needs the 'otel' extra).",
+)
+def command(
+    url: str,
+    since: str,
+    end_text: str | None,
+    step: str,
+    selector: str,
+    shard_text: str | None,
+    as_json: bool,
+    held_mem_gib: float,
+    price_gpu_hour: float | None,
+    price_kwh: float | None,
+    config_path: str | None,
+    batch_samples: int,
+    concurrency: int,
+    timeout_s: float,
+    serve: bool,
+    every: str,
+    host: str,
+    port: int,
+    otlp_endpoint: str | None,
+) -> None:
+    """Classify every GPU a Prometheus-compatible server holds (phasescope or dcgm-exporter metrics).
+
+    Prints how many GPUs train, serve, sit idle or sit held-but-idle, by host and by Kubernetes
+    namespace/pod where the series carry those labels, and the held-idle waste.
+    """
+    prices = _prices(config_path, price_gpu_hour, price_kwh)
+    opts = ScanOptions(
+        url=url,
+        since_s=parse_duration(since, "--since"),
+        end=None if end_text is None else parse_instant(end_text, "--end"),
+        step_s=parse_duration(step, "--step"),
+        selector=selector,
+        shard=parse_shard(shard_text),
+        held_mem_bytes=held_mem_gib * 1024**3,
+        max_samples=batch_samples,
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+    )
+
+    def price_for(name: str) -> Prices:
+        return prices.for_device(name)
+
+    if serve:
+        from phasescope.fleet.service import run_service
+
+        run_service(
+            opts,
+            every_s=parse_duration(every, "--every"),
+            host=host,
+            port=port,
+            prices=price_for,
+            otlp_endpoint=otlp_endpoint,
+        )
+        return
+    result = scan(opts, prices=price_for)
+    if as_json:
+        json.dump(result.to_dict(), sys.stdout, allow_nan=False, default=_json_default)
+        sys.stdout.write("\n")
+        return
+    from rich.console import Console
+
+    from phasescope.fleet.summary import render
+
+    console = Console()
+    if not result.verdicts:
+        console.print(
+            f"no GPU series found at {url} in the last {since}"
+            + (f" matching {selector}" if selector else "")
+        )
+        return
+    render(result.verdicts, console)
+    console.print(
+        f"[dim]{result.stats.devices} devices, {result.stats.series} series, "
+        f"{result.stats.samples:,} samples; "
+        f"query {result.query_s:.2f}s, classify {result.classify_s:.2f}s; model {result.model_version}[/dim]"
+    )
+
+
+def _json_default(obj: object) -> object:
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

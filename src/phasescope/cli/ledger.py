@@ -1,0 +1,96 @@
+"""`phasescope ledger -o FILE --source SPEC`: record telemetry into a hash-chained, signed ledger.
+
+The recorder for evidence: every `--batch` ticks each device's samples become one chained record, a
+Merkle root over the new records is signed every `--root-every` records, and stopping (Ctrl-C or
+`--duration`) writes the closing signed root. An existing ledger is continued (same key only).
+Check one with `phasescope audit FILE --chain-only`, or verify a claim on it with
+`phasescope verify --input FILE --declare ... --bundle OUT`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import click
+
+from phasescope.sources.open import SPEC_HELP
+
+
+@click.command("ledger")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=str),
+    help="Ledger file (JSON Lines); appended to when it exists.",
+)
+@click.option("--source", default="auto", show_default=True, help=SPEC_HELP)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this many seconds (default: until Ctrl-C).",
+)
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+@click.option(
+    "--batch",
+    "batch_rows",
+    type=click.IntRange(min=1),
+    default=60,
+    show_default=True,
+    help="Samples per device per chained record.",
+)
+@click.option(
+    "--root-every",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Records per signed Merkle root.",
+)
+@click.option("--key", "key_name", default="default", show_default=True, help="Signing key name.")
+def command(
+    output: str,
+    source: str,
+    duration: float | None,
+    interval: float,
+    batch_rows: int,
+    root_every: int,
+    key_name: str,
+) -> None:
+    """Record telemetry into an append-only, hash-chained, Ed25519-signed ledger.
+
+    \b
+    Example:
+      phasescope ledger -o evidence-ledger.jsonl --source auto --duration 3600
+    """
+    from phasescope.verify import require_cryptography
+
+    require_cryptography()
+    from phasescope.classify.model import PhaseModel
+    from phasescope.sampler import Sampler
+    from phasescope.sources.open import open_source
+    from phasescope.verify.keys import load_or_create
+    from phasescope.verify.ledger import LedgerWriter
+
+    key, key_file = load_or_create(key_name)
+    src = open_source(source)
+    stop = threading.Event()
+    writer = LedgerWriter(
+        output,
+        key,
+        model=PhaseModel.load(),
+        meta={"command": "ledger", "source": source},
+        root_every=root_every,
+        batch_rows=batch_rows,
+    )
+    try:
+        stats = Sampler(src, interval).run(writer.on_tick, duration=duration, stop=stop)
+    except KeyboardInterrupt:
+        stats = None
+    finally:
+        writer.close()
+        src.close()
+    ticks = "?" if stats is None else stats.ticks
+    click.echo(
+        f"ledger: {output}: {ticks} ticks, {writer.seq} records, signed with {key_file.with_suffix('.pub')}"
+    )

@@ -1,0 +1,138 @@
+"""`phasescope serve`: the agent: web dashboard, JSON API and Prometheus `/metrics` over a live source."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import click
+
+from phasescope.errors import SourceError
+
+LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def pricing_note(usd_per_gpu_hour: float | None, usd_per_kwh: float | None) -> str:
+    parts = []
+    if usd_per_gpu_hour is not None:
+        parts.append(f"${usd_per_gpu_hour:g} per GPU-hour")
+    if usd_per_kwh is not None:
+        parts.append(f"${usd_per_kwh:g} per kWh")
+    if not parts:
+        return "No prices set: pass --usd-per-gpu-hour / --usd-per-kwh or set [prices] in the config file."
+    return "Priced at " + " + ".join(parts) + " (device overrides from the config file apply)."
+
+
+@click.command("serve")
+@click.option("--host", default=None, help="Address to bind (default from the config file: 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port (default from the config file: 9464; 0 picks a free one).")
+@click.option("--token", envvar="PHASESCOPE_TOKEN", default=None,
+              help="Require this token on every route but /metrics (env PHASESCOPE_TOKEN: not shown in ps).")
+@click.option("--metrics-token/--metrics-public", default=False, show_default=True,
+              help="Whether /metrics needs the token too (Prometheus: authorization.credentials).")
+@click.option("--source", "source_spec", default="auto", show_default=True,
+              help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), default=None,
+              help="Seconds between samples (default 1; a replay's own recorded rate x speed).")
+@click.option("--config", "config_path", default=None, help="TOML config file (prices, thresholds, port).")
+@click.option("--usd-per-gpu-hour", type=click.FloatRange(min=0), default=None, help="Price of a held GPU.")
+@click.option("--usd-per-kwh", type=click.FloatRange(min=0), default=None, help="Price of energy.")
+@click.option("--model", "model_path", default=None, help="Phase model file (default: the shipped model).")
+@click.option("--events-dir", default=None,
+              help="Hook events dir of an instrumented run (phasescope run): step time, MFU, RPS, latency.")
+@click.option("--history", "history_ticks", type=click.IntRange(60, 100_000), default=900, show_default=True,
+              help="Samples per device kept for the charts.")
+def command(
+    host: str | None,
+    port: int | None,
+    token: str | None,
+    metrics_token: bool,
+    source_spec: str,
+    interval: float | None,
+    config_path: str | None,
+    usd_per_gpu_hour: float | None,
+    usd_per_kwh: float | None,
+    model_path: str | None,
+    events_dir: str | None,
+    history_ticks: int,
+) -> None:
+    """Serve the live dashboard, a JSON API and Prometheus /metrics for every device.
+
+    \b
+    Examples:
+      phasescope serve                                   # http://127.0.0.1:9464/
+      PHASESCOPE_TOKEN=s3cret phasescope serve --host 0.0.0.0 --metrics-token
+      phasescope serve --source 'replay:run.parquet?speed=10' --usd-per-gpu-hour 2.5
+    """
+    from phasescope import config as config_mod
+    from phasescope.classify.model import PhaseModel
+    from phasescope.cli.top import open_watched
+    from phasescope.live_classify import LiveClassifier
+
+    cfg = config_mod.load(config_path).override(
+        serve__host=host, serve__port=port if port else None,
+        prices__usd_per_gpu_hour=usd_per_gpu_hour, prices__usd_per_kwh=usd_per_kwh,
+    )
+    bind_port = 0 if port == 0 else cfg.serve.port
+    classifier = LiveClassifier(PhaseModel.load(model_path))
+    classifier.warm_up()  # before the source opens: a replay's clock starts when it does
+    try:
+        import uvicorn
+
+        from phasescope.serve.agent import Agent
+        from phasescope.serve.app import build_app
+    except ModuleNotFoundError as exc:
+        missing = f"serve needs the web extra ({exc.name} is missing): pip install 'phasescope[web]'"
+        raise SourceError(missing) from None
+    source = open_watched(source_spec, lambda line: click.echo(f"phasescope: {line}", err=True),
+                          host_row=False)
+    if interval is None:
+        interval = max(float(getattr(source, "interval_s", 1.0)), 0.1)
+    if not token and not is_loopback(cfg.serve.host):
+        click.echo(f"phasescope: warning: serving on {cfg.serve.host} without --token: anyone who can reach "
+                   "it sees the dashboard", err=True)
+    hooks = None
+    if events_dir:
+        from phasescope.live_annotate import HookKpiReader
+
+        hooks = HookKpiReader(events_dir)
+    agent = Agent(source, interval, classifier=classifier, prices=cfg.prices,
+                  history_ticks=history_ticks, idle_util=cfg.thresholds.idle_util,
+                  gap_factor=cfg.thresholds.energy_gap_factor, hooks=hooks)
+    app = build_app(agent, token=token, metrics_token=metrics_token,
+                    pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh))
+    sock = bind(cfg.serve.host, bind_port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    addr = sock.getsockname()
+    shown = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+    click.echo(f"phasescope: serving http://{shown}:{addr[1]}/ (source: {source.name}, every {interval:g}s)",
+               err=True)
+    agent.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        agent.stop()
+        sock.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or one clear line saying why not (port taken, no such address)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        raise SourceError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock

@@ -1,0 +1,231 @@
+"""Pull every GPU's series out of a Prometheus-compatible server and build one Trace per device.
+
+1. `/api/v1/series` lists the devices that have any known metric in the range (labels only, cheap).
+2. Devices are kept or dropped by shard (`shard.py`), then queried in batches with `query_range`:
+   one query per batch names the devices by a uuid regex and asks for every known metric at once, and the
+   batch is sized so that one answer stays under `max_samples` samples.
+3. The step-aligned answers land on one time grid per device; a signal held by several series (both
+   metric families, or a pod label that came and went) is filled from the first that has a value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phasescope.errors import InputError
+from phasescope.fleet import names
+from phasescope.fleet.prom import PromClient, Series, escape_regex, selector_body
+from phasescope.fleet.shard import Shard
+from phasescope.schema import DeviceInfo, FloatArray, Trace
+
+# Device limits the features use (power limit, memory size): one instant value per device is enough.
+LIMIT_SIGNALS = ("power_limit", "mem_total")
+
+
+@dataclass
+class FetchStats:
+    devices: int = 0
+    queries: int = 0
+    series: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Device:
+    key: str
+    label_name: str  # the label that names it in queries (uuid or UUID)
+    labels: dict[str, str] = field(default_factory=dict)
+    metrics: set[str] = field(default_factory=set)
+
+
+def _matchers(*parts: str) -> str:
+    return "{" + ",".join(p for p in parts if p) + "}"
+
+
+def _family_rank(metric: str) -> int:
+    return 0 if metric.startswith(names.PREFIX) else 1  # the agent's own names win over dcgm-exporter's
+
+
+def discover(
+    client: PromClient, start: float, end: float, selector: str = "", mmap: names.MetricMap | None = None
+) -> list[_Device]:
+    mmap = mmap or names.metric_map()
+    match = _matchers(f'__name__=~"{mmap.name_regex()}"', selector_body(selector))
+    devices: dict[str, _Device] = {}
+    for labels in client.series(match, start, end):
+        key = names.device_key(labels)
+        if key is None:
+            continue  # a series that names no device (an aggregate): nothing to classify
+        label_name = next(n for n in names.DEVICE_LABELS if labels.get(n))
+        d = devices.setdefault(key, _Device(key, label_name))
+        d.metrics.add(labels.get("__name__", ""))
+        for k, v in labels.items():
+            if v and k != "__name__":
+                d.labels[k] = v  # later series win: pod labels present on some series only still show
+    return sorted(devices.values(), key=lambda d: d.key)
+
+
+def _batches(devices: list[_Device], points: int, max_samples: int) -> Iterator[list[_Device]]:
+    """Groups of devices with one naming label, each asking for at most `max_samples` samples."""
+    by_label: dict[str, list[_Device]] = {}
+    for d in devices:
+        by_label.setdefault(d.label_name, []).append(d)
+    for group in by_label.values():
+        batch: list[_Device] = []
+        size = 0
+        for d in group:
+            cost = max(len(d.metrics), 1) * points
+            if batch and size + cost > max_samples:
+                yield batch
+                batch, size = [], 0
+            batch.append(d)
+            size += cost
+        if batch:
+            yield batch
+
+
+def _device_info(d: _Device) -> DeviceInfo:
+    lab = d.labels
+    gpu = names.first_label(lab, names.INDEX_LABELS)
+    base = d.key.split("/gi")[0]
+    extra = {
+        k: v
+        for k, v in (
+            ("pod", names.first_label(lab, names.POD_LABELS)),
+            ("namespace", names.first_label(lab, names.NAMESPACE_LABELS)),
+            ("container", names.first_label(lab, names.CONTAINER_LABELS)),
+            ("instance", lab.get("instance", "")),
+            ("job", lab.get("job", "")),
+        )
+        if v
+    }
+    return DeviceInfo(
+        uuid=d.key,
+        name=names.first_label(lab, names.MODEL_LABELS),
+        index=int(gpu) if gpu.isdigit() else None,
+        host=names.first_label(lab, names.HOST_LABELS),
+        parent_uuid=base if base != d.key else None,
+        extra=extra,
+    )
+
+
+def build_traces(
+    devices: list[_Device],
+    series: list[Series],
+    start: float,
+    step: float,
+    n_points: int,
+    mmap: names.MetricMap,
+    limits: dict[str, dict[str, float]] | None = None,
+) -> list[Trace]:
+    """One Trace per device on the query grid; grid points where the device had no sample are dropped."""
+    grids: dict[str, dict[str, FloatArray]] = {d.key: {} for d in devices}
+    for s in sorted(series, key=lambda s: _family_rank(s.labels.get("__name__", ""))):
+        key = names.device_key(s.labels)
+        target = grids.get(key) if key is not None else None
+        mapped = mmap.metrics.get(s.labels.get("__name__", ""))
+        if target is None or mapped is None or s.time.size == 0:
+            continue
+        signal, factor = mapped
+        idx = np.rint((s.time - start) / step).astype(np.int64)
+        ok = (idx >= 0) & (idx < n_points)
+        col = target.get(signal)
+        if col is None:
+            col = target[signal] = np.full(n_points, np.nan)
+        fill = ok.copy()
+        fill[ok] = np.isnan(col[idx[ok]])
+        col[idx[fill]] = s.values[fill] * factor
+    grid_time = start + step * np.arange(n_points, dtype=np.float64)
+    out: list[Trace] = []
+    for d in devices:
+        cols = grids[d.key]
+        if not cols:
+            continue
+        have = np.zeros(n_points, dtype=bool)
+        for c in cols.values():
+            have |= np.isfinite(c)
+        if not have.any():
+            continue
+        kept = {k: v[have] for k, v in cols.items()}
+        for sig, value in (limits or {}).get(d.key, {}).items():
+            kept[sig] = np.full(int(have.sum()), value)
+        out.append(Trace(_device_info(d), grid_time[have], kept, {"source": "prometheus", "step_s": step}))
+    return out
+
+
+def fetch_limits(
+    client: PromClient, devices: list[_Device], end: float, range_s: float
+) -> dict[str, dict[str, float]]:
+    """Latest power limit and memory size per device (one small instant query per metric name)."""
+    keys = {d.key for d in devices}
+    out: dict[str, dict[str, float]] = {}
+    window = f"{max(int(range_s), 1)}s"
+    mmap = names.metric_map(LIMIT_SIGNALS)
+    for metric, (signal, factor) in sorted(mmap.metrics.items(), key=lambda kv: _family_rank(kv[0])):
+        for labels, value in client.query(f"last_over_time({metric}[{window}])", end):
+            key = names.device_key(labels)
+            if key in keys and np.isfinite(value):
+                out.setdefault(key, {}).setdefault(signal, value * factor)
+    return out
+
+
+def fetch_traces(
+    client: PromClient,
+    *,
+    start: float,
+    end: float,
+    step: float = 1.0,
+    selector: str = "",
+    shard: Shard | None = None,
+    max_samples: int = 4_000_000,
+    concurrency: int = 2,
+    stats: FetchStats | None = None,
+    on_batch: Callable[[list[Trace]], None] | None = None,
+) -> list[Trace]:
+    """Every device's Trace over [start, end] at `step` seconds (see the module doc)."""
+    if not end > start:
+        raise InputError("--since", "time range", "an end after the start", f"{start}..{end}")
+    t0 = time.perf_counter()
+    stats = stats if stats is not None else FetchStats()
+    mmap = names.metric_map()
+    body = selector_body(selector)
+    devices = discover(client, start, end, selector, mmap)
+    if shard is not None:
+        devices = [d for d in devices if shard.owns(d.key)]
+    stats.devices = len(devices)
+    if not devices:
+        stats.seconds = time.perf_counter() - t0
+        return []
+    limits = fetch_limits(client, devices, end, end - start)
+    n_points = int(np.floor((end - start) / step + 1e-9)) + 1
+    lock = threading.Lock()
+
+    def one(batch: list[_Device]) -> list[Trace]:
+        label = batch[0].label_name
+        regex = "|".join(escape_regex(d.key.split("/gi")[0]) for d in batch)
+        metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in mmap.metrics}))
+        query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', body)
+        series = client.query_range(query, start, end, step)
+        with lock:
+            stats.queries += 1
+            stats.series += len(series)
+            stats.samples += sum(s.time.size for s in series)
+        traces = build_traces(batch, series, start, step, n_points, mmap, limits)
+        if on_batch is not None:
+            on_batch(traces)
+        return traces
+
+    out: list[Trace] = []
+    batches = list(_batches(devices, n_points, max_samples))
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for traces in pool.map(one, batches):
+            out.extend(traces)
+    stats.seconds = time.perf_counter() - t0
+    return out

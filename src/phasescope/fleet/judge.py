@@ -1,0 +1,152 @@
+"""Classify each fleet device's Trace, and tell idle GPUs that nobody holds from held-but-idle ones.
+
+Phase calls are the shipped model's (`PhaseModel.predict_trace`) through the same decision rules as
+`phasescope classify` (`decide.segments`, `decide.overall_label`). An idle segment counts as *held*
+when the device kept at least `held_mem_bytes` of memory allocated through it (a process, or a pod
+that requested the GPU, still owns it) or when a pod label is attached to the device's series. A bare
+driver context is a few hundred MiB (453-728 MiB on the idle RTX 3090s in ../shared/data), so the
+default bar is 1 GiB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from phasescope.classify import decide
+from phasescope.classify.model import PhaseModel
+from phasescope.kpi.cost import Cost, Prices, cost_of
+from phasescope.kpi.energy import device_energy
+from phasescope.schema import PHASES, Trace
+
+HELD_IDLE = "held_idle"
+DEFAULT_HELD_MEM_BYTES = 1024.0**3
+
+
+@dataclass
+class DeviceVerdict:
+    uuid: str
+    host: str
+    model: str
+    gpu: int | None
+    pod: str
+    namespace: str
+    label: str  # the phase holding most of the range (decide.overall_label; idle or held_idle), or "unknown"
+    current: str  # the phase of the last segment
+    held_idle: bool  # the current phase is idle and the device is held
+    confidence: float  # mean probability of `current` over its segment (NaN when unknown)
+    probabilities: dict[str, float]  # of the last judged window (NaN when none)
+    segments: list[decide.Segment]
+    seconds: dict[str, float]  # per phase (+ held_idle, unknown) over the range
+    held_idle_cost: Cost = field(default_factory=lambda: Cost(None, None))
+    held_idle_joules: float = 0.0
+    samples: int = 0
+    missing_signals: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "host": self.host,
+            "model": self.model,
+            "gpu": self.gpu,
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "label": self.label,
+            "current": self.current,
+            "held_idle": self.held_idle,
+            "confidence": _num(self.confidence),
+            "probabilities": {k: _num(v) for k, v in self.probabilities.items()},
+            "seconds": dict(self.seconds),
+            "held_idle_gpu_hours": self.seconds.get(HELD_IDLE, 0.0) / 3600.0,
+            "held_idle_kwh": self.held_idle_joules / 3.6e6,
+            "held_idle_cost": self.held_idle_cost.to_dict(),
+            "samples": self.samples,
+            "missing_signals": list(self.missing_signals),
+            "segments": [s.to_dict() for s in self.segments],
+        }
+
+
+def _num(x: float) -> float | None:
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def _held_segments(
+    trace: Trace, segs: list[decide.Segment], held_mem_bytes: float, pod: str
+) -> list[tuple[float, float, str]]:
+    """Segments as (start, end, label) with idle segments of a held device relabelled `held_idle`."""
+    mem = trace["mem_used"]
+    out = []
+    for s in segs:
+        label = s.label
+        if label == "idle":
+            inside = (trace.time >= s.start) & (trace.time <= s.end) & np.isfinite(mem)
+            held_mem = bool(inside.any()) and float(np.median(mem[inside])) >= held_mem_bytes
+            if held_mem or pod:
+                label = HELD_IDLE
+        out.append((s.start, s.end, label))
+    return out
+
+
+def _fleet_label(label: str, seconds: dict[str, float]) -> str:
+    """The range's label, with idle split into idle and held_idle by which took more of the idle time."""
+    if label == "idle" and seconds.get(HELD_IDLE, 0.0) > seconds.get("idle", 0.0):
+        return HELD_IDLE
+    return label
+
+
+def judge(
+    trace: Trace,
+    model: PhaseModel,
+    prices: Prices | None = None,
+    held_mem_bytes: float = DEFAULT_HELD_MEM_BYTES,
+) -> DeviceVerdict:
+    pred = model.predict_trace(trace, evidence=False)
+    segs = decide.segments(pred)
+    extra = trace.device.extra
+    pod = extra.get("pod", "")
+    labelled = _held_segments(trace, segs, held_mem_bytes, pod)
+    energy = device_energy(trace, labelled)
+    seconds = {k: v.seconds for k, v in energy.phases.items()}
+    held = energy.phases.get(HELD_IDLE)
+    current = segs[-1].label if segs else decide.UNKNOWN
+    proba = {ph: math.nan for ph in PHASES}
+    known = np.flatnonzero(np.isfinite(pred.proba).all(axis=1)) if len(pred) else np.zeros(0, dtype=int)
+    if known.size:
+        proba = {ph: float(pred.proba[known[-1], i]) for i, ph in enumerate(PHASES)}
+    cost = Cost(None, None)
+    if held is not None and prices is not None:
+        cost = cost_of(held.seconds, held.joules if held.covered_s > 0 else 0.0, prices)
+    return DeviceVerdict(
+        uuid=trace.device.uuid,
+        host=trace.device.host,
+        model=trace.device.name,
+        gpu=trace.device.index,
+        pod=pod,
+        namespace=extra.get("namespace", ""),
+        label=_fleet_label(decide.overall_label(segs), seconds),
+        current=current,
+        held_idle=bool(labelled) and labelled[-1][2] == HELD_IDLE,
+        confidence=segs[-1].confidence if segs else math.nan,
+        probabilities=proba,
+        segments=segs,
+        seconds=seconds,
+        held_idle_cost=cost,
+        held_idle_joules=held.joules if held is not None else 0.0,
+        samples=len(trace),
+        missing_signals=trace.missing_signals(),
+    )
+
+
+def judge_all(
+    traces: Iterable[Trace],
+    model: PhaseModel | None = None,
+    prices: Callable[[str], Prices] | None = None,
+    held_mem_bytes: float = DEFAULT_HELD_MEM_BYTES,
+) -> list[DeviceVerdict]:
+    """`judge` for each trace; `prices` maps a device's model name to its Prices (None: not priced)."""
+    m = model or PhaseModel.load()
+    return [judge(t, m, prices(t.device.name) if prices else None, held_mem_bytes) for t in traces]

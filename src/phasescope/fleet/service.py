@@ -1,0 +1,309 @@
+"""`phasescope fleet --serve`: re-classify the fleet on a schedule and serve the results.
+
+- `/metrics`: per-GPU phase probabilities and current phase, GPUs per phase, held-idle waste, and how
+  long each pass took (query vs classify), for Prometheus to scrape back;
+- `/`: a fleet page, one row per GPU with its phase timeline over the range, and the held-idle waste;
+- `/api/fleet`: the last pass as JSON (the same document as `phasescope fleet --json`).
+
+A pass runs in a background thread; the views read the last finished pass, so a scrape never waits on
+Prometheus. A failing pass keeps the previous results and sets `phasescope_fleet_up` to 0.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from phasescope.classify.model import PhaseModel
+from phasescope.errors import PhasescopeError
+from phasescope.fleet.judge import HELD_IDLE
+from phasescope.fleet.scan import ScanOptions, ScanResult, scan
+from phasescope.fleet.summary import COLUMNS, summary
+from phasescope.kpi.cost import Prices
+from phasescope.schema import PHASES
+
+DEVICE_LABELS = ["uuid", "gpu", "model", "host", "pod", "namespace"]
+COLOURS = {
+    "training": "#d62728",
+    "inference": "#1f77b4",
+    "other": "#9467bd",
+    "idle": "#bbbbbb",
+    HELD_IDLE: "#ff7f0e",
+    "unknown": "#eeeeee",
+}
+
+
+@dataclass
+class _State:
+    result: ScanResult | None = None
+    error: str = ""
+    passes: int = 0
+    failures: int = 0
+
+
+class FleetService:
+    """Runs `scan` every `every_s` seconds in a thread; thread-safe reads of the last result."""
+
+    def __init__(
+        self,
+        opts: ScanOptions,
+        every_s: float = 60.0,
+        prices: Callable[[str], Prices] | None = None,
+        model: PhaseModel | None = None,
+        scan_fn: Callable[..., ScanResult] = scan,
+    ) -> None:
+        self.opts = opts
+        self.every_s = every_s
+        self.prices = prices
+        self.model = model or PhaseModel.load()
+        self._scan = scan_fn
+        self._state = _State()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listeners: list[Callable[[ScanResult], None]] = []
+
+    def on_result(self, fn: Callable[[ScanResult], None]) -> None:
+        self._listeners.append(fn)
+
+    def run_once(self) -> None:
+        try:
+            result = self._scan(self.opts, model=self.model, prices=self.prices)
+        except PhasescopeError as exc:  # Prometheus down or refusing: keep the last result, say why
+            with self._lock:
+                self._state.error = str(exc)
+                self._state.failures += 1
+            return
+        with self._lock:
+            self._state.result = result
+            self._state.error = ""
+            self._state.passes += 1
+        for fn in self._listeners:
+            fn(result)
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                self.run_once()
+                self._stop.wait(max(0.0, self.every_s - (time.monotonic() - began)))
+
+        self._thread = threading.Thread(target=loop, name="phasescope-fleet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def snapshot(self) -> _State:
+        with self._lock:
+            return _State(self._state.result, self._state.error, self._state.passes, self._state.failures)
+
+
+class FleetCollector:
+    """prometheus_client collector over the service's last pass (values built fresh per scrape)."""
+
+    def __init__(self, service: FleetService) -> None:
+        self.service = service
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.service.snapshot()
+        up = GaugeMetricFamily("phasescope_fleet_up", "1 when the last fleet pass succeeded, else 0")
+        up.add_metric([], 0.0 if st.error or st.result is None else 1.0)
+        yield up
+        shard = self.service.opts.shard
+        info = GaugeMetricFamily(
+            "phasescope_fleet_shard_info", "This replica's shard (index of count)", labels=["shard", "shards"]
+        )
+        info.add_metric([str(shard.index) if shard else "0", str(shard.count) if shard else "1"], 1.0)
+        yield info
+        r = st.result
+        if r is None:
+            return
+        proba = GaugeMetricFamily(
+            "phasescope_fleet_gpu_phase_probability",
+            "Probability of each phase in the GPU's newest judged window",
+            labels=[*DEVICE_LABELS, "phase"],
+        )
+        current = GaugeMetricFamily(
+            "phasescope_fleet_gpu_phase",
+            "1 for the GPU's phase over the range (incl. held_idle, unknown), else 0",
+            labels=[*DEVICE_LABELS, "phase"],
+        )
+        held = GaugeMetricFamily(
+            "phasescope_fleet_gpu_held_idle_seconds",
+            "Seconds of the range the GPU sat idle while held",
+            labels=DEVICE_LABELS,
+        )
+        for v in r.verdicts:
+            key = [v.uuid, "" if v.gpu is None else str(v.gpu), v.model, v.host, v.pod, v.namespace]
+            for p in PHASES:
+                x = v.probabilities.get(p, math.nan)
+                if math.isfinite(x):
+                    proba.add_metric([*key, p], x)
+            for p in COLUMNS:
+                current.add_metric([*key, p], 1.0 if v.label == p else 0.0)
+            held.add_metric(key, v.seconds.get(HELD_IDLE, 0.0))
+        yield from (proba, current, held)
+        s = summary(r.verdicts)
+        gpus = GaugeMetricFamily("phasescope_fleet_gpus", "GPUs per phase over the range", labels=["phase"])
+        for p, n in s["phases"].items():
+            gpus.add_metric([p], float(n))
+        yield gpus
+        w = s["waste"]
+        yield GaugeMetricFamily(
+            "phasescope_fleet_held_idle_gpu_hours",
+            "GPU-hours held but idle over the range",
+            value=w["held_idle_gpu_hours"],
+        )
+        if w["held_idle_usd"] is not None:
+            yield GaugeMetricFamily(
+                "phasescope_fleet_held_idle_usd",
+                "Cost of the held-idle time over the range (USD)",
+                value=w["held_idle_usd"],
+            )
+        dur = GaugeMetricFamily(
+            "phasescope_fleet_pass_seconds", "Duration of the last pass, by part", labels=["part"]
+        )
+        dur.add_metric(["query"], r.query_s)
+        dur.add_metric(["classify"], r.classify_s)
+        yield dur
+        yield GaugeMetricFamily(
+            "phasescope_fleet_pass_timestamp_seconds", "When the last pass finished", value=r.finished_at
+        )
+
+
+def metrics_text(service: FleetService) -> bytes:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(FleetCollector(service))
+    return generate_latest(reg)
+
+
+# -- the fleet page ------------------------------------------------------------------------------
+
+
+def _timeline(v: Any, start: float, end: float, width: int = 480) -> str:
+    """The GPU's segments over [start, end] as one SVG bar."""
+    span = max(end - start, 1e-9)
+    rects = []
+    for seg in v["segments"]:
+        a = max(seg["start"], start)
+        b = min(seg["end"], end)
+        if b <= a:
+            continue
+        x = (a - start) / span * width
+        w = max((b - a) / span * width, 0.5)
+        lab = seg["label"]
+        rects.append(
+            f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="14" fill="{COLOURS.get(lab, "#ccc")}">'
+            f"<title>{html.escape(lab)} {b - a:.0f}s</title></rect>"
+        )
+    return f'<svg width="{width}" height="14" role="img">{"".join(rects)}</svg>'
+
+
+def page_html(service: FleetService) -> str:
+    st = service.snapshot()
+    r = st.result
+    head = (
+        "<!doctype html><meta charset=utf-8><title>phasescope fleet</title><style>"
+        "body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
+        "td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}.n{text-align:right}"
+        ".err{color:#b00}</style><h1>phasescope fleet</h1>"
+    )
+    if st.error:
+        head += f'<p class="err">last pass failed: {html.escape(st.error)}</p>'
+    if r is None:
+        return head + "<p>first pass running…</p>"
+    doc = r.to_dict()
+    s = doc["summary"]
+    w = s["waste"]
+    usd = w["held_idle_usd"]
+    parts = [
+        head,
+        f"<p>{s['gpus']} GPUs, {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r.start))} to "
+        f"{time.strftime('%H:%M:%S', time.gmtime(r.end))} UTC; shard {html.escape(r.shard or 'all')}; "
+        f"query {r.query_s:.1f}s, classify {r.classify_s:.1f}s.</p>",
+        f"<p><b>held-idle waste:</b> {w['held_idle_gpu_hours']:.2f} GPU-hours, {w['held_idle_kwh']:.2f} kWh"
+        + (f", ${usd:,.2f}" if usd is not None else " (no prices set)")
+        + "</p>",
+        "<table><tr><th>phase</th>"
+        + "".join(f"<th>{p}</th>" for p in COLUMNS)
+        + "</tr><tr><td>GPUs</td>"
+        + "".join(f'<td class="n">{s["phases"][p]}</td>' for p in COLUMNS)
+        + "</tr></table><br>",
+        "<table><tr><th>host</th><th>gpu</th><th>uuid</th><th>model</th><th>pod</th><th>phase</th>"
+        "<th>conf</th><th>held-idle h</th><th>timeline</th></tr>",
+    ]
+    for v in sorted(doc["devices"], key=lambda d: (d["host"], d["gpu"] if d["gpu"] is not None else -1)):
+        conf = "" if v["confidence"] is None else f"{v['confidence']:.2f}"
+        pod = f"{v['namespace']}/{v['pod']}" if v["pod"] else ""
+        parts.append(
+            f"<tr><td>{html.escape(v['host'])}</td><td>{'' if v['gpu'] is None else v['gpu']}</td>"
+            f"<td>{html.escape(v['uuid'])}</td><td>{html.escape(v['model'])}</td><td>{html.escape(pod)}</td>"
+            f"<td>{html.escape(v['label'])}</td><td class=n>{conf}</td>"
+            f"<td class=n>{v['held_idle_gpu_hours']:.2f}</td><td>{_timeline(v, r.start, r.end)}</td></tr>"
+        )
+    parts.append(
+        "</table><p>"
+        + " ".join(
+            f'<span style="background:{c};padding:0 6px">{html.escape(p)}</span>' for p, c in COLOURS.items()
+        )
+        + "</p>"
+    )
+    return "".join(parts)
+
+
+def make_app(service: FleetService) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.routing import Route
+
+    async def metrics(_: Request) -> Response:
+        return Response(metrics_text(service), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def page(_: Request) -> Response:
+        return HTMLResponse(page_html(service))
+
+    async def api(_: Request) -> Response:
+        st = service.snapshot()
+        if st.result is None:
+            return JSONResponse({"error": st.error or "first pass running"}, status_code=503)
+        return JSONResponse({**st.result.to_dict(), "error": st.error})
+
+    return Starlette(routes=[Route("/", page), Route("/metrics", metrics), Route("/api/fleet", api)])
+
+
+def run_service(
+    opts: ScanOptions,
+    *,
+    every_s: float,
+    host: str,
+    port: int,
+    prices: Callable[[str], Prices] | None = None,
+    otlp_endpoint: str | None = None,
+) -> None:
+    import uvicorn
+
+    service = FleetService(opts, every_s, prices)
+    if otlp_endpoint:
+        from phasescope.fleet.otel import OtlpFleetExporter
+
+        OtlpFleetExporter.to_endpoint(otlp_endpoint).attach(service)
+    service.start()
+    try:
+        uvicorn.run(make_app(service), host=host, port=port, log_level="warning")
+    finally:
+        service.stop()

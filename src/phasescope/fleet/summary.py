@@ -1,0 +1,109 @@
+"""Fleet totals: GPUs per phase, by host and by Kubernetes namespace/pod, and held-idle waste."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from phasescope.fleet.judge import HELD_IDLE, DeviceVerdict
+from phasescope.schema import PHASES
+
+COLUMNS: tuple[str, ...] = ("training", "inference", "other", "idle", HELD_IDLE, "unknown")
+_HEAD = {
+    "training": "train",
+    "inference": "serve",
+    "other": "other",
+    "idle": "idle",
+    HELD_IDLE: "held-idle",
+    "unknown": "unknown",
+}
+
+
+def counts(verdicts: Sequence[DeviceVerdict], by: str | None = None) -> dict[str, dict[str, int]]:
+    """group -> phase -> GPUs; `by` is 'host', 'namespace', 'pod' or None (one group, 'fleet')."""
+    out: dict[str, dict[str, int]] = {}
+    for v in verdicts:
+        if by is None:
+            group = "fleet"
+        elif by == "pod":
+            group = f"{v.namespace}/{v.pod}" if v.pod else ""
+        else:
+            group = str(getattr(v, by))
+        if by in ("pod", "namespace") and not group:
+            continue  # only devices that carry the label
+        row = out.setdefault(group, dict.fromkeys(COLUMNS, 0))
+        row[v.label if v.label in row else "unknown"] += 1
+    return dict(sorted(out.items()))
+
+
+def waste(verdicts: Sequence[DeviceVerdict]) -> dict[str, Any]:
+    hours = sum(v.seconds.get(HELD_IDLE, 0.0) for v in verdicts) / 3600.0
+    priced = [v.held_idle_cost.total_usd for v in verdicts if v.held_idle_cost.total_usd is not None]
+    kwh = sum(v.held_idle_joules for v in verdicts) / 3.6e6
+    return {
+        "held_idle_gpu_hours": hours,
+        "held_idle_kwh": kwh,
+        "held_idle_usd": sum(priced) if priced else None,
+    }
+
+
+def summary(verdicts: Sequence[DeviceVerdict]) -> dict[str, Any]:
+    return {
+        "gpus": len(verdicts),
+        "phases": counts(verdicts).get("fleet", dict.fromkeys(COLUMNS, 0)),
+        "by_host": counts(verdicts, "host"),
+        "by_namespace": counts(verdicts, "namespace"),
+        "by_pod": counts(verdicts, "pod"),
+        "waste": waste(verdicts),
+    }
+
+
+def _table(title: str, first: str, groups: dict[str, dict[str, int]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column(first)
+    for c in COLUMNS:
+        table.add_column(_HEAD[c], justify="right")
+    table.add_column("GPUs", justify="right")
+    for group, row in groups.items():
+        table.add_row(
+            group or "-", *[str(row[c]) if row[c] else "." for c in COLUMNS], str(sum(row.values()))
+        )
+    return table
+
+
+def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bool = True) -> None:
+    s = summary(verdicts)
+    console.print(_table(f"{s['gpus']} GPUs by host", "host", s["by_host"]))
+    if s["by_namespace"]:
+        console.print(_table("by namespace", "namespace", s["by_namespace"]))
+    if s["by_pod"]:
+        console.print(_table("by pod", "namespace/pod", s["by_pod"]))
+    w = s["waste"]
+    usd = w["held_idle_usd"]
+    console.print(
+        f"held-idle: {w['held_idle_gpu_hours']:.2f} GPU-hours, {w['held_idle_kwh']:.2f} kWh"
+        + (f", ${usd:,.2f}" if usd is not None else " (set --usd-per-gpu-hour / --usd-per-kwh to price it)")
+    )
+    if show_devices:
+        dev = Table(title="devices", title_justify="left")
+        for c in ("host", "gpu", "uuid", "model", "pod", "phase", "now", "conf"):
+            dev.add_column(c)
+        for v in sorted(verdicts, key=lambda v: (v.host, v.gpu if v.gpu is not None else -1, v.uuid)):
+            dev.add_row(
+                v.host,
+                "" if v.gpu is None else str(v.gpu),
+                v.uuid,
+                v.model,
+                f"{v.namespace}/{v.pod}" if v.pod else "",
+                v.label,
+                v.current,
+                "" if not math.isfinite(v.confidence) else f"{v.confidence:.2f}",
+            )
+        console.print(dev)
+
+
+__all__ = ["COLUMNS", "PHASES", "counts", "render", "summary", "waste"]

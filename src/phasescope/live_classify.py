@@ -1,0 +1,201 @@
+"""Live phase classification: the phase model run over each device's recent history as ticks arrive.
+
+`LiveClassifier.update(state)` is cheap to call every tick: it re-classifies a device only when `every_s`
+seconds (on the data's own clock, so a replay at speed N re-classifies N times as often in real time) have
+passed since its last run. Each run judges the last `window_s` seconds with `PhaseModel.predict_trace` and
+takes the newest window the model judged.
+
+A new phase replaces the current one only after `confirm` consecutive runs agree on it, so one odd window
+does not flip the badge; `since` is the time of the first of those runs (when phasescope first saw it).
+Runs that cannot judge (too little history, too few signals) say "unknown" only when no phase is held yet
+or the device has gone dark; otherwise the held phase stays until evidence for another one arrives.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phasescope.classify.model import PhaseModel
+from phasescope.live_state import LiveState
+from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, Trace
+
+UNKNOWN = "unknown"
+MAX_BANDS = 500  # phase bands kept per device (the dashboard's coloured stretches)
+
+
+@dataclass(frozen=True)
+class PhaseReading:
+    """The current phase of one device."""
+
+    phase: str  # a PHASES member or "unknown"
+    confidence: float  # probability of `phase` in the newest judged window; NaN when unknown
+    proba: dict[str, float]  # per PHASES member, newest judged window; empty when none was judged
+    since: float  # Unix s (data clock) the current phase began, as first seen
+    t: float  # data time of the run that produced this reading
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "phase": self.phase,
+            "confidence": _finite_or_none(self.confidence),
+            "proba": {k: _finite_or_none(v) for k, v in self.proba.items()},
+            "since": _finite_or_none(self.since),
+            "t": _finite_or_none(self.t),
+        }
+
+
+@dataclass(frozen=True)
+class PhaseBand:
+    """A stretch of data time one device spent in one phase (as the live classifier called it)."""
+
+    start: float
+    end: float
+    phase: str
+
+
+@dataclass
+class _DeviceTrack:
+    last_run: float = -math.inf
+    reading: PhaseReading | None = None
+    candidate: str = ""  # a phase seen but not yet confirmed
+    candidate_since: float = math.nan
+    candidate_runs: int = 0
+    bands: deque[PhaseBand] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
+
+
+def device_info(state: LiveState, uuid: str) -> DeviceInfo:
+    """The device's identity (its model name lets the features look up limits the trace lacks)."""
+    getter = getattr(state, "device_info", None)  # LiveState API, where present
+    if getter is not None:
+        info: DeviceInfo = getter(uuid)
+        return info
+    with state._lock:  # older LiveState: read the entry directly
+        dev = state._devices.get(uuid)
+        return dev.info if dev is not None else DeviceInfo(uuid)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class LiveClassifier:
+    """Current phase per device, from a `LiveState`'s ring buffers. Thread-safe: one updater, many readers."""
+
+    def __init__(
+        self,
+        model: PhaseModel | None = None,
+        window_s: float = 60.0,
+        every_s: float = 5.0,
+        confirm: int = 2,
+    ) -> None:
+        if not (window_s > 0 and every_s > 0 and confirm >= 1):
+            raise ValueError(
+                f"need window_s > 0, every_s > 0, confirm >= 1; got {window_s}, {every_s}, {confirm}"
+            )
+        self.model = model if model is not None else PhaseModel.load()
+        self.window_s = float(window_s)
+        self.every_s = float(every_s)
+        self.confirm = int(confirm)
+        self.runs = 0  # classifier runs so far, all devices (for tests and the status line)
+        self._tracks: dict[str, _DeviceTrack] = {}
+        self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        """Parse every submodel's booster now (LightGBM's first parse takes seconds), not in a tick."""
+        for sub in self.model.submodels:
+            _ = sub.booster
+
+    # ---- writer ----
+
+    def update(self, state: LiveState, now: float | None = None) -> None:
+        """Re-classify every device of `state` whose last run is `every_s` or more before `now`.
+
+        `now` is on the data clock (TickBatch.time); None takes the state's latest tick time.
+        """
+        t_now = state.last_tick_time if now is None else float(now)
+        if not math.isfinite(t_now):
+            return  # no tick yet
+        for uuid in state.device_uuids():
+            with self._lock:
+                track = self._tracks.setdefault(uuid, _DeviceTrack())
+                due = t_now - track.last_run >= self.every_s
+            if not due:
+                continue
+            trace = self._recent(state, uuid, t_now)
+            phase, proba = self._judge(trace)
+            with self._lock:
+                track.last_run = t_now
+                self.runs += 1
+                self._advance(track, t_now, phase, proba, dark=state.is_lost(uuid) or not len(trace))
+
+    def _recent(self, state: LiveState, uuid: str, t_now: float) -> Trace:
+        times = state.history_times(uuid)
+        keep = (times > t_now - self.window_s) & (times <= t_now)
+        cols = {s: state.history(uuid, s)[keep] for s in SIGNAL_NAMES}
+        # Only rows with some data: a lost device's NaN rows would otherwise read as a sampled gap.
+        rows = np.zeros(int(keep.sum()), dtype=bool)
+        for v in cols.values():
+            rows |= np.isfinite(v)
+        return Trace(device_info(state, uuid), times[keep][rows], {s: v[rows] for s, v in cols.items()})
+
+    def _judge(self, trace: Trace) -> tuple[str, dict[str, float]]:
+        """(label of the newest judged window, its probabilities); ("unknown", {}) when none was judged."""
+        if len(trace) < 2:
+            return UNKNOWN, {}
+        pred = self.model.predict_trace(trace, evidence=False)
+        judged = np.flatnonzero(np.isfinite(pred.proba).all(axis=1))
+        if not judged.size:
+            return UNKNOWN, {}
+        i = int(judged[np.argmax(pred.end[judged])])
+        return pred.labels[i], {p: float(pred.proba[i, k]) for k, p in enumerate(PHASES)}
+
+    def _advance(
+        self, track: _DeviceTrack, t: float, phase: str, proba: dict[str, float], dark: bool
+    ) -> None:
+        held = track.reading.phase if track.reading else UNKNOWN
+        if phase == UNKNOWN and not dark and held != UNKNOWN:
+            phase = held  # no new evidence: keep the held phase rather than flicker to unknown
+        if phase == held:
+            track.candidate, track.candidate_runs = "", 0
+            new_phase, since = held, (track.reading.since if track.reading else t)
+        else:
+            if phase != track.candidate:
+                track.candidate, track.candidate_since, track.candidate_runs = phase, t, 0
+            track.candidate_runs += 1
+            # Going to unknown needs no confirmation from a dark device; neither does the very first call.
+            if track.candidate_runs >= self.confirm or held == UNKNOWN or dark:
+                new_phase, since = phase, track.candidate_since
+                track.candidate, track.candidate_runs = "", 0
+            else:
+                new_phase, since = held, (track.reading.since if track.reading else t)
+        conf = proba.get(new_phase, math.nan)
+        prev_t = track.reading.t if track.reading else t
+        track.reading = PhaseReading(new_phase, conf, proba, since, t)
+        if track.bands and track.bands[-1].phase == new_phase:
+            last = track.bands[-1]
+            track.bands[-1] = PhaseBand(last.start, t, new_phase)
+        else:
+            track.bands.append(PhaseBand(prev_t, t, new_phase))
+
+    # ---- readers ----
+
+    def reading(self, uuid: str) -> PhaseReading | None:
+        """The current reading of a device; None before its first run."""
+        with self._lock:
+            track = self._tracks.get(uuid)
+            return track.reading if track else None
+
+    def bands(self, uuid: str, since: float = -math.inf) -> list[PhaseBand]:
+        """Phase stretches of a device ending after `since`, oldest first."""
+        with self._lock:
+            track = self._tracks.get(uuid)
+            return [b for b in track.bands if b.end >= since] if track else []
+
+    def phases(self) -> dict[str, str]:
+        """uuid -> current phase, for every device with a reading (what the energy meter attributes to)."""
+        with self._lock:
+            return {u: t.reading.phase for u, t in self._tracks.items() if t.reading}

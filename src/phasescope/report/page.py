@@ -1,0 +1,343 @@
+"""The report as one HTML file: inline CSS, plotly's JS inline from the installed wheel, no network at all."""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from phasescope.display import (
+    MISSING,
+    PHASE_HEX,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_seconds,
+    fmt_usd,
+    fmt_watts,
+)
+from phasescope.kpi.cost import Cost
+from phasescope.report.data import DeviceReport, ReportData
+from phasescope.schema import PHASES, FloatArray, Trace
+
+MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and max
+GIB = 1024.0**3
+
+# (signal(s), axis title, scale to the plotted unit)
+_PANELS: tuple[tuple[tuple[str, ...], str, float], ...] = (
+    (("gpu_util", "mem_util"), "util %", 100.0),
+    (("power",), "power W", 1.0),
+    (("mem_used",), "memory GiB", 1.0 / GIB),
+    (("temperature",), "temp °C", 1.0),
+    (("sm_clock", "mem_clock"), "clock MHz", 1e-6),
+    (("pcie_rx", "pcie_tx"), "PCIe MB/s", 1e-6),
+)
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em 2em;color:#222;max-width:1400px}
+h1{margin-bottom:.2em} h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.meta{color:#666;font-size:.9em}
+table{border-collapse:collapse;margin:.6em 0 1.2em 0;font-size:.92em}
+td,th{border:1px solid #d6d6d6;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;padding:1px 8px;border-radius:9px;color:#fff;font-weight:600;font-size:.9em}
+.legend span{margin-right:1em} .note{color:#8a5a00} .ev{font-family:ui-monospace,monospace;font-size:.88em}
+.pos{color:#176b2c} .neg{color:#a11}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def badge(label: str) -> str:
+    colour = PHASE_HEX.get(label, PHASE_HEX["unknown"])
+    fg = "#000" if label in ("other", "unsegmented") else "#fff"
+    style = f"background:{colour};color:{fg}"
+    return f"<span class='badge' data-phase='{_e(label)}' style='{style}'>{_e(label)}</span>"
+
+
+def _num(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if math.isfinite(x) else MISSING
+
+
+def _cost(c: Cost) -> str:
+    if c.total_usd is None:
+        return MISSING
+    parts = []
+    if c.time_usd is not None:
+        parts.append(f"time {fmt_usd(c.time_usd)}")
+    if c.energy_usd is not None:
+        parts.append(f"energy {fmt_usd(c.energy_usd)}")
+    return f"{fmt_usd(c.total_usd)} ({', '.join(parts)})"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], raw: bool = False, cls: str = "") -> str:
+    """A table; cells are escaped unless `raw` (then the caller escaped them)."""
+    h = "".join(f"<th>{_e(c)}</th>" for c in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{c if raw else _e(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table class='{cls}'><tr>{h}</tr>{body}</table>"
+
+
+# --------------------------------------------------------------------------- plotting
+
+
+def decimate(
+    time_s: FloatArray, values: FloatArray, max_points: int = MAX_POINTS
+) -> tuple[FloatArray, FloatArray]:
+    """At most about `max_points` points: each bucket keeps its min and max (spikes survive), and an
+    all-missing bucket keeps one NaN, so gaps still break the line."""
+    n = time_s.shape[0]
+    if n <= max_points:
+        return time_s, values
+    k = math.ceil(n / (max_points // 2))
+    buckets = math.ceil(n / k)
+    pad = buckets * k - n
+    v = np.concatenate([values, np.full(pad, np.nan)]).reshape(buckets, k)
+    finite = np.isfinite(v)
+    lo = np.argmin(np.where(finite, v, np.inf), axis=1)
+    hi = np.argmax(np.where(finite, v, -np.inf), axis=1)
+    base = np.arange(buckets) * k
+    idx = np.unique(np.concatenate([base + lo, base + hi]))
+    idx = idx[idx < n]
+    return time_s[idx], values[idx]
+
+
+def _x(times: Any, wall: bool) -> Any:
+    t = np.asarray(times, dtype=np.float64)
+    if not wall:
+        return t
+    return (t * 1000.0).astype("datetime64[ms]")
+
+
+def _figure(d: DeviceReport) -> Any:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    trace: Trace = d.trace
+    panels = [(sigs, title, scale) for sigs, title, scale in _PANELS if any(trace.has(s) for s in sigs)]
+    with_proba = d.pred is not None and len(d.pred.labels) > 0
+    rows = len(panels) + (1 if with_proba else 0)
+    if rows == 0:
+        return None
+    wall = len(trace) > 0 and float(np.nanmin(trace.time)) > 1e8  # Unix time, else the log's own clock
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.02)
+    for r, (sigs, title, scale) in enumerate(panels, start=1):
+        for sig in sigs:
+            if not trace.has(sig):
+                continue
+            t, v = decimate(trace.time, trace[sig] * scale)
+            fig.add_trace(go.Scattergl(x=_x(t, wall), y=v, name=sig, mode="lines", showlegend=False,
+                                       line={"width": 1}, hovertemplate=f"{sig} %{{y:.3g}}<extra></extra>"),
+                          row=r, col=1)
+        fig.update_yaxes(title_text=title, row=r, col=1, title_font={"size": 11})
+    if with_proba:
+        pred: Any = d.pred
+        centre = (np.asarray(pred.start) + np.asarray(pred.end)) / 2.0
+        proba = np.asarray(pred.proba, dtype=np.float64)
+        for i, ph in enumerate(PHASES):
+            fig.add_trace(go.Scatter(x=_x(centre, wall), y=proba[:, i], name=f"P({ph})", mode="lines",
+                                     line={"color": PHASE_HEX[ph], "width": 1.5}), row=rows, col=1)
+        fig.update_yaxes(title_text="P(phase)", range=[0, 1.02], row=rows, col=1, title_font={"size": 11})
+    for s in d.segments:
+        x0, x1 = _x([s.start, s.end], wall)
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, line_width=0,
+                      fillcolor=PHASE_HEX.get(s.label, PHASE_HEX["unknown"]), opacity=0.16, layer="below")
+    fig.update_layout(height=120 * rows + 90, margin={"l": 60, "r": 20, "t": 20, "b": 30},
+                      template="plotly_white", legend={"orientation": "h", "y": 1.02, "x": 0})
+    return fig
+
+
+def _figure_html(d: DeviceReport, div_id: str) -> str:
+    fig = _figure(d)
+    if fig is None:
+        return "<p class='note'>No plottable signal in this trace.</p>"
+    out: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                           config={"displaylogo": False, "responsive": True})
+    return out
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _summary(data: ReportData) -> str:
+    rows = []
+    for i, d in enumerate(data.devices):
+        e = d.energy
+        missing = ", ".join(d.trace.missing_signals()) or "none"
+        conf = _num(d.confidence)
+        rows.append([
+            f"<a href='#dev{i}'>{_e(d.title)}</a>",
+            _e(d.path),
+            f"{badge(d.label)} {conf}",
+            _e(fmt_seconds(d.stats["duration_s"])),
+            _e(f"{d.stats['samples']:.0f} @ {_num(d.stats['rate_hz'], 2)} Hz"),
+            _e(missing),
+            _e(f"{e.kwh:.4f} kWh ({e.method}, {fmt_ratio(e.coverage)} covered)"),
+            _e(_cost(d.cost)),
+        ])
+    return _table(["device", "file", "phase (confidence)", "span", "samples", "missing signals", "energy",
+                   "cost"], rows, raw=True)
+
+
+def _phase_totals(data: ReportData) -> str:
+    rows = []
+    for label, (secs, joules, cost) in sorted(data.phase_totals().items(), key=lambda kv: -kv[1][0]):
+        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(f"{joules / 3.6e6:.4f}"),
+                     _e(fmt_watts(joules / secs if secs > 0 else math.nan)), _e(_cost(cost))])
+    return _table(["phase", "device-hours", "kWh", "mean power", "cost"], rows, raw=True)
+
+
+def _phase_table(d: DeviceReport) -> str:
+    rows = []
+    phases = d.energy.phases_or_whole()
+    for label, pe in sorted(phases.items(), key=lambda kv: -kv[1].seconds):
+        st = d.phase_stats.get(label, {})
+        rows.append([
+            badge(label),
+            _e(fmt_seconds(pe.seconds)),
+            _e(fmt_ratio(st.get("util_mean", math.nan))),
+            _e(fmt_watts(st.get("power_mean_w", math.nan))),
+            _e(fmt_bytes(st.get("mem_used_max", math.nan))),
+            _e(f"{pe.kwh:.4f} kWh ({fmt_ratio(pe.coverage)} covered)"),
+            _e(_cost(d.phase_cost.get(label, Cost(None, None)))),
+        ])
+    head = ["phase", "time", "mean util", "mean power", "peak memory", "energy", "cost"]
+    return _table(head, rows, raw=True)
+
+
+def _evidence(d: DeviceReport) -> str:
+    if not d.segments:
+        return f"<p class='note'>{_e(d.note or 'No phase segments: too little data to classify.')}</p>"
+    t0 = float(d.trace.time[0]) if len(d.trace) else 0.0
+    rows = []
+    for seg, ev in zip(d.segments, d.evidence, strict=True):
+        if ev:
+            items = []
+            for fw in ev:
+                cls = "pos" if fw.weight >= 0 else "neg"
+                items.append(f"<span class='{cls}'>{fw.weight:+.2f}</span> {_e(fw.feature)}")
+            why = "<br>".join(items)
+        elif seg.label == "unknown":
+            why = _e(_unknown_reason(d, seg) or "the model declined to call these windows")
+        else:
+            why = MISSING
+        rows.append([
+            _e(f"{fmt_seconds(seg.start - t0)} – {fmt_seconds(seg.end - t0)}"),
+            _e(fmt_seconds(seg.duration)),
+            badge(seg.label),
+            _e(_num(seg.confidence)),
+            _e(f"{seg.n_windows}" + (f" (+{seg.n_unknown} unknown bridged)" if seg.n_unknown else "")),
+            f"<span class='ev'>{why}</span>",
+        ])
+    return _table(["from – to (since start)", "duration", "phase", "confidence", "windows",
+                   "evidence: mean contribution (log-odds) towards the phase"], rows, raw=True)
+
+
+def _unknown_reason(d: DeviceReport, seg: Any) -> str:
+    pred = d.pred
+    if pred is None:
+        return ""
+    centre = (np.asarray(pred.start) + np.asarray(pred.end)) / 2.0
+    inside = np.flatnonzero((centre >= seg.start) & (centre <= seg.end)).tolist()
+    reasons = [pred.reasons[i] for i in inside if i < len(pred.reasons) and pred.reasons[i]]
+    return max(set(reasons), key=reasons.count) if reasons else ""
+
+
+def _kpis(d: DeviceReport) -> str:
+    s = d.stats
+    mem_total = s["mem_total"]
+    rows = [
+        ["mean / p95 utilisation", f"{fmt_ratio(s['util_mean'])} / {fmt_ratio(s['util_p95'])}"],
+        ["mean / peak power", f"{fmt_watts(s['power_mean_w'])} / {fmt_watts(s['power_max_w'])}"],
+        ["peak memory used", fmt_bytes(s["mem_used_max"])
+         + (f" of {fmt_bytes(mem_total)}" if math.isfinite(mem_total) else "")],
+        ["peak temperature", f"{_num(s['temperature_max'], 0)} °C" if math.isfinite(s["temperature_max"])
+         else MISSING],
+        ["energy", f"{d.energy.joules:,.0f} J = {d.energy.kwh:.4f} kWh, method {d.energy.method}, "
+                   f"{fmt_ratio(d.energy.coverage)} of the span covered"
+                   + (f", {d.energy.resets} counter reset(s)" if d.energy.resets else "")],
+        ["cost", _cost(d.cost)],
+        ["prices", _prices(d)],
+    ]
+    if d.pred is not None:
+        rows.append(["model", f"{d.pred.model_version} (features of the {d.pred.subset or '—'} signal set)"])
+    return _table(["KPI", "value"], rows)
+
+
+def _prices(d: DeviceReport) -> str:
+    p = d.prices
+    parts = []
+    if p.usd_per_gpu_hour is not None:
+        parts.append(f"{fmt_usd(p.usd_per_gpu_hour)}/GPU-hour")
+    if p.usd_per_kwh is not None:
+        parts.append(f"{fmt_usd(p.usd_per_kwh)}/kWh")
+    return ", ".join(parts) or "not set (use --price-gpu-hour / --price-kwh or the config file)"
+
+
+def _hooks(data: ReportData) -> str:
+    doc = data.hooks
+    if not doc:
+        return ""
+    from phasescope.instrument.run_report import _rows  # the run summary's own KPI rows
+
+    parts = ["<h2>KPIs from in-process hooks</h2>"]
+    for proc in doc.get("processes") or []:
+        parts.append(f"<h3>pid {_e(proc['pid'])} on {_e(proc['device'])}</h3>")
+        parts.append(_table(["phase", "KPI", "value"], _rows(proc)))
+    if not doc.get("processes"):
+        parts.append("<p class='note'>The events directory holds no forward or optimizer step.</p>")
+    return "\n".join(parts)
+
+
+def _legend() -> str:
+    return "<p class='legend'>" + "".join(f"<span>{badge(p)}</span>" for p in (*PHASES, "unknown")) + "</p>"
+
+
+def render(data: ReportData) -> str:
+    """The whole page as one string."""
+    from plotly.offline import get_plotlyjs
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.created))
+    head = (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>phasescope report: {_e(', '.join(data.inputs))}</title>"
+        f"<style>{_CSS}</style>"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+    )
+    parts = [head, "<h1>phasescope report</h1>"]
+    model = data.model_version or data.model_note or "none"
+    parts.append(f"<p class='meta'>{_e(len(data.devices))} device trace(s) from {_e(', '.join(data.inputs))}"
+                 f" · generated {_e(when)} · model {_e(model)}</p>")
+    parts.append(_legend())
+    parts.append("<h2>Summary</h2>")
+    parts.append(_summary(data))
+    parts.append("<h3>Energy and cost per phase, all devices</h3>")
+    parts.append(_phase_totals(data))
+    parts.append(_hooks(data))
+    for i, d in enumerate(data.devices):
+        parts.append(f"<h2 id='dev{i}'>{_e(d.title)} {badge(d.label)}</h2>")
+        parts.append(f"<p class='meta'>{_e(d.path)} · {_e(d.trace.meta.get('format', ''))}</p>")
+        if d.note:
+            parts.append(f"<p class='note'>{_e(d.note)}</p>")
+        parts.append(_kpis(d))
+        parts.append("<h3>Per phase</h3>")
+        parts.append(_phase_table(d))
+        parts.append("<h3>Timeline</h3><p class='meta'>Bands are the phase segments; the bottom panel is the "
+                     "model's probability per window.</p>")
+        parts.append(_figure_html(d, f"fig{i}"))
+        parts.append("<h3>Segments and the evidence for them</h3>")
+        parts.append(_evidence(d))
+    parts.append(
+        "<p class='meta'>Evidence: each segment's top features by mean SHAP contribution (log-odds) towards "
+        "its phase over the windows the model called that phase; positive pushed towards it. Energy: the "
+        "device's energy counter where the log has one, else integrated power; gaps longer than a few "
+        "sample periods are not bridged (see coverage).</p>"
+    )
+    parts.append("</body></html>")
+    return "\n".join(parts)

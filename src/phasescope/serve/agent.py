@@ -1,0 +1,220 @@
+"""The agent behind `phasescope serve`: samples a source, classifies each device live and meters its energy.
+
+One sampler thread does all the writing (LiveState ring buffers, LiveClassifier, energy meters); the web
+app and the Prometheus collector only read, each through its own lock, so a scrape never waits for a tick
+and a tick never waits for a scrape beyond a short copy.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from phasescope.config import PriceConfig
+from phasescope.kpi.cost import cost_of
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.live_annotate import Annotator, HookKpiReader
+from phasescope.live_classify import LiveClassifier, PhaseReading, device_info
+from phasescope.live_state import LiveState
+from phasescope.sampler import Sampler
+from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
+from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+
+# Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).
+CHART_SIGNALS: tuple[str, ...] = ("gpu_util", "mem_util", "power", "mem_used", "temperature", "sm_clock")
+UP_AFTER_INTERVALS = 3.0  # the source counts as up while its last tick is younger than this many intervals
+
+
+def _num(x: float, digits: int = 6) -> float | None:
+    """A JSON-safe number: None for NaN/inf (JSON has no NaN), rounded to keep payloads small."""
+    return round(float(x), digits) if math.isfinite(x) else None
+
+
+def _series(values: FloatArray, digits: int) -> list[float | None]:
+    rounded = np.round(values, digits)
+    return [float(v) if math.isfinite(v) else None for v in rounded.tolist()]
+
+
+class Agent:
+    """Samples `source` every `interval_s` seconds in a background thread and keeps what the views read."""
+
+    def __init__(
+        self,
+        source: LiveSource,
+        interval_s: float = 1.0,
+        *,
+        classifier: LiveClassifier | None = None,
+        prices: PriceConfig | None = None,
+        history_ticks: int = 600,
+        idle_util: float = 0.05,
+        gap_factor: float = DEFAULT_GAP_FACTOR,
+        hooks: HookKpiReader | None = None,
+    ) -> None:
+        self.source = source
+        self.interval_s = float(interval_s)
+        self.prices = prices or PriceConfig()
+        self.state = LiveState(source.name, capacity=history_ticks, prices=self.prices.default(),
+                               idle_util=idle_util)
+        self.classifier = classifier if classifier is not None else LiveClassifier()
+        self.hooks = hooks
+        # The same per-tick step as `phasescope top`: phase into the state, hook KPIs where a run writes them.
+        self._annotate: Annotator | None = Annotator(self.classifier, hooks)
+        # The meter's gap rule works on the data clock: a replay at speed N still has its recorded spacing.
+        data_interval = float(getattr(source, "native_interval_s", interval_s))
+        self.energy = FleetEnergyMeter(data_interval, gap_factor)
+        self.sampler = Sampler(source, interval_s)
+        self.started = time.time()
+        self.exhausted = False  # a replay that reached its end: the last picture stays up
+        self.failure = ""
+        self._lock = threading.Lock()  # guards self.energy
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_tick_mono = math.nan
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="phasescope-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            self.classifier.warm_up()  # parse the model now, not inside the first ticks (it takes ~2 s)
+            self.sampler.run(self.on_tick, stop=self._stop)
+        except Exception as exc:  # the server must outlive its source and say why sampling stopped
+            self.failure = f"sampling stopped: {type(exc).__name__}: {exc}"
+            self.state.note(self.failure)
+        finally:
+            try:
+                self.source.close()
+            except Exception as exc:
+                self.state.note(f"closing {self.source.name} failed: {exc}")
+
+    def on_tick(self, batch: TickBatch) -> None:
+        """One sample of all devices: store it, re-classify when due, meter energy under the current phase."""
+        if getattr(self.source, "exhausted", False):
+            for event in batch.events:
+                self.state.note(event)
+            self.exhausted = True
+            self._stop.set()
+            return
+        self.state.ingest(batch, self.source.error_counts())
+        if self._annotate is not None:
+            try:
+                self._annotate(self.state)
+            except Exception as exc:  # keep the telemetry coming; say once why the phase stopped updating
+                self._annotate = None
+                self.state.note(f"phase/KPI updates stopped: {type(exc).__name__}: {exc}")
+        phases = self.classifier.phases()
+        with self._lock:
+            self.energy.update(batch, phases)
+        self._last_tick_mono = time.monotonic()
+
+    # ---- readers ----
+
+    def source_up(self) -> bool:
+        """Fresh samples are arriving: sampling runs and the last tick is recent."""
+        if not self.running or not math.isfinite(self._last_tick_mono):
+            return False
+        return time.monotonic() - self._last_tick_mono <= max(UP_AFTER_INTERVALS * self.interval_s, 2.0)
+
+    def devices(self) -> list[tuple[DeviceInfo, FloatArray, PhaseReading | None, bool]]:
+        """(identity, latest values, phase reading, lost) per device, in the order first seen."""
+        out = []
+        for uuid in self.state.device_uuids():
+            lost = self.state.is_lost(uuid)
+            latest = np.full(len(SIGNAL_NAMES), np.nan) if lost else self.state.latest(uuid)
+            out.append((device_info(self.state, uuid), latest, self.classifier.reading(uuid), lost))
+        return out
+
+    def energy_by_device(self) -> dict[str, dict[str, tuple[float, float, float]]]:
+        """uuid -> phase -> (joules, seconds, covered seconds) so far; plus the method per device."""
+        with self._lock:
+            return {
+                uuid: {k: (p.joules, p.seconds, p.covered_s) for k, p in m.phases().items()}
+                for uuid, m in self.energy.meters.items()
+            }
+
+    def energy_methods(self) -> dict[str, str]:
+        with self._lock:
+            return {uuid: m.method for uuid, m in self.energy.meters.items()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the dashboard shows now, as JSON-ready data (the /api/state body)."""
+        energy = self.energy_by_device()
+        methods = self.energy_methods()
+        procs = Counter(r.device_uuid for r in self.state.rows() if r.kind == "process")
+        idle_held = self.state.idle_held()
+        kpis = dict(self.hooks.device) if self.hooks is not None else {}
+        devices = []
+        totals: dict[str, dict[str, float]] = {}
+        for info, latest, reading, lost in self.devices():
+            prices = self.prices.for_device(info.name)
+            phases = {}
+            for label, (joules, seconds, covered) in sorted(energy.get(info.uuid, {}).items()):
+                cost = cost_of(seconds, joules, prices)
+                phases[label] = {
+                    "joules": _num(joules, 3), "kwh": _num(joules / 3.6e6), "seconds": _num(seconds, 3),
+                    "covered_s": _num(covered, 3), "cost": cost.to_dict(),
+                }
+                tot = totals.setdefault(label, {"joules": 0.0, "seconds": 0.0, "usd": 0.0})
+                tot["joules"] += joules
+                tot["seconds"] += seconds
+                tot["usd"] += cost.total_usd or 0.0
+            values = {s: _num(float(latest[SIGNAL_COLUMN[s]])) for s in SIGNAL_NAMES}
+            devices.append({
+                "uuid": info.uuid, "index": info.index, "name": info.name, "host": info.host, "lost": lost,
+                "phase": reading.to_dict() if reading else None,
+                "latest": {k: v for k, v in values.items() if v is not None},
+                "processes": procs[info.uuid],
+                "idle_held": info.uuid in idle_held,
+                "kpis": {k: _num(v) for k, v in kpis.get(info.uuid, {}).items()},
+                "energy": {"method": methods.get(info.uuid, "none"), "phases": phases},
+                "priced": prices.priced,
+            })
+        return {
+            "source": self.source.name,
+            "up": self.source_up(),
+            "exhausted": self.exhausted,
+            "ticks": self.state.ticks,
+            "skipped": self.sampler.stats.skipped,
+            "max_late_s": _num(self.sampler.stats.max_late_s),
+            "interval_s": self.interval_s,
+            "time": _num(self.state.last_tick_time, 3),
+            "status": self.state.status_line(),
+            "model_version": self.classifier.model.version,
+            "phases": list(PHASES),
+            "devices": devices,
+            "idle_held": idle_held,
+            "totals": {k: {kk: _num(vv, 4) for kk, vv in v.items()} for k, v in sorted(totals.items())},
+        }
+
+    def history(self, since: float = -math.inf) -> dict[str, Any]:
+        """Chart data newer than `since` (data clock), per device: times, CHART_SIGNALS and phase bands."""
+        out: dict[str, Any] = {}
+        for uuid in self.state.device_uuids():
+            times = self.state.history_times(uuid)
+            keep = np.round(times, 3) > since  # compare as sent: `since` is a t the client got from us
+            series: dict[str, Any] = {"t": _series(times[keep], 3)}
+            for s in CHART_SIGNALS:
+                series[s] = _series(self.state.history(uuid, s)[keep], 4)
+            lo = float(times[0]) if times.size else math.inf
+            series["bands"] = [  # every band in the kept history: few, and the last one grows
+                [round(b.start, 3), round(b.end, 3), b.phase] for b in self.classifier.bands(uuid, since=lo)
+            ]
+            out[uuid] = series
+        return out

@@ -1,0 +1,86 @@
+"""Prometheus metric names, one place: derived from the schema's signals and units, per Prometheus practice.
+
+Per device signal: `phasescope_gpu_<signal>_<unit>` with the schema's base unit (`phasescope_gpu_power_watts`,
+`phasescope_gpu_mem_used_bytes`, `phasescope_gpu_gpu_util_ratio`); counters end in `_total`
+(`phasescope_gpu_energy_joules_total`); the throttle bitmask has no unit (`phasescope_gpu_throttle_reasons`).
+Every device series carries the labels in `DEVICE_LABELS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phasescope.schema import SIGNALS
+
+PREFIX = "phasescope"
+DEVICE_LABELS: tuple[str, ...] = ("uuid", "gpu", "model", "host")
+
+# schema unit -> Prometheus unit suffix ("" = none: a bitmask is not a quantity).
+_UNIT_SUFFIX: dict[str, str] = {
+    "ratio": "ratio",
+    "bytes": "bytes",
+    "watts": "watts",
+    "joules": "joules",
+    "celsius": "celsius",
+    "hertz": "hertz",
+    "bytes_per_second": "bytes_per_second",
+    "bitmask": "",
+}
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """A metric as exposed: `name` is the full sample name (with `_total` for a counter)."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+
+    @property
+    def family(self) -> str:
+        """The name prometheus_client's metric families take: a counter's without its `_total`."""
+        return self.name.removesuffix("_total") if self.kind == "counter" else self.name
+
+
+def signal_metric(signal: str) -> MetricName:
+    """The metric of one schema signal."""
+    sig = SIGNALS[signal]
+    suffix = _UNIT_SUFFIX[sig.unit]
+    base = f"{PREFIX}_gpu_{sig.name}" + (f"_{suffix}" if suffix else "")
+    if sig.kind == "counter":
+        return MetricName(base + "_total", "counter", sig.help)
+    return MetricName(base, "gauge", sig.help)
+
+
+SIGNAL_METRICS: dict[str, MetricName] = {s: signal_metric(s) for s in SIGNALS}
+
+PHASE_PROBABILITY = MetricName(
+    f"{PREFIX}_gpu_phase_probability", "gauge",
+    "Probability of each phase (label phase: training, inference, other, idle) in the newest judged window",
+)
+PHASE_CONFIDENCE = MetricName(
+    f"{PREFIX}_gpu_phase_confidence", "gauge", "Probability of the device's current phase (NaN when unknown)"
+)
+PHASE_CURRENT = MetricName(
+    f"{PREFIX}_gpu_phase", "gauge", "1 for the device's current phase (incl. unknown), 0 for the others"
+)
+PHASE_SECONDS = MetricName(
+    f"{PREFIX}_gpu_phase_seconds_total", "counter", "Device time spent in each phase since the agent started"
+)
+PHASE_ENERGY = MetricName(
+    f"{PREFIX}_gpu_phase_energy_joules_total", "counter",
+    "Energy drawn in each phase since the agent started (energy counter where present, else power integral)",
+)
+SOURCE_UP = MetricName(
+    f"{PREFIX}_source_up", "gauge", "1 while the telemetry source delivers fresh samples, else 0"
+)
+SOURCE_ERRORS = MetricName(
+    f"{PREFIX}_source_errors_total", "counter", "Failed reads of the telemetry source, by call"
+)
+SAMPLER_TICKS = MetricName(f"{PREFIX}_sampler_ticks_total", "counter", "Sampling ticks run")
+SAMPLER_SKIPPED = MetricName(
+    f"{PREFIX}_sampler_skipped_ticks_total", "counter", "Sampling slots skipped because a tick overran"
+)
+SCRAPE_DURATION = MetricName(
+    f"{PREFIX}_scrape_duration_seconds", "gauge", "Time taken to build this scrape's metrics"
+)

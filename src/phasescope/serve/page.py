@@ -1,0 +1,217 @@
+# ruff: noqa: E501  (the page is one HTML/JS document; its lines follow JS, not Python, layout)
+"""The dashboard page: one HTML document whose script polls `/api/update` and redraws with plotly.js.
+
+plotly.js is served from the installed `plotly` wheel (`/static/plotly.min.js`), so nothing is vendored here.
+Each poll asks only for chart points newer than the last one it holds (`?since=`), so an update carries
+the new ticks, the current state and the phase bands, not the whole history again.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+PHASE_COLOURS = {
+    "training": "#e4572e",
+    "inference": "#2e86de",
+    "other": "#8e44ad",
+    "idle": "#7f8c8d",
+    "unknown": "#b8c2cc",
+}
+
+_TEMPLATE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>phasescope · __TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+ body { font: 14px/1.4 system-ui, sans-serif; margin: 0; background: #f5f6f8; color: #1d2733; }
+ header { background: #1d2733; color: #fff; padding: 10px 18px; display: flex; gap: 16px; align-items: center; }
+ header h1 { font-size: 18px; margin: 0; }
+ #status { font-size: 12px; opacity: .85; flex: 1; }
+ #up { font-size: 12px; padding: 2px 8px; border-radius: 9px; background: #7f8c8d; }
+ #up.on { background: #27ae60; }
+ main { padding: 14px 18px; display: grid; gap: 14px; }
+ section.panel { background: #fff; border-radius: 8px; padding: 12px 14px; box-shadow: 0 1px 2px #0002; }
+ h2 { font-size: 15px; margin: 0 0 8px; }
+ table { border-collapse: collapse; font-size: 13px; }
+ td, th { padding: 3px 10px 3px 0; text-align: right; }
+ td:first-child, th:first-child { text-align: left; }
+ .badge { display: inline-block; padding: 2px 10px; border-radius: 10px; color: #fff; font-weight: 600; }
+ .kpis { display: flex; flex-wrap: wrap; gap: 8px 18px; margin: 6px 0; font-size: 13px; }
+ .kpis b { font-size: 15px; }
+ .device-head { display: flex; gap: 12px; align-items: baseline; flex-wrap: wrap; }
+ .muted { color: #667; font-size: 12px; }
+ .held { color: #c0392b; font-weight: 600; }
+ .chart { height: 300px; }
+ .cols { display: grid; grid-template-columns: minmax(0, 3fr) minmax(260px, 1fr); gap: 12px; }
+</style>
+</head>
+<body>
+<header><h1>phasescope</h1><span id="status">connecting…</span><span id="up">source</span></header>
+<main>
+ <section class="panel"><h2>Energy and cost so far, per phase (all devices)</h2>
+  <table id="totals"><thead><tr><th>phase</th><th>device time</th><th>energy</th><th>cost</th></tr></thead>
+  <tbody></tbody></table><div class="muted" id="pricing"></div></section>
+ <section class="panel"><h2>Idle but held</h2><div id="idle-held">none</div></section>
+ <div id="devices"></div>
+</main>
+<script src="__PLOTLY__"></script>
+<script>
+const CONFIG = __CONFIG__;
+const COLOURS = CONFIG.colours;
+const hist = {};       // uuid -> {t: [...], <signal>: [...], bands: [...]}
+const cards = {};      // uuid -> DOM elements of its card
+let since = null;
+
+function fmt(v, unit, digits) {
+  if (v === null || v === undefined) return "–";
+  return v.toFixed(digits === undefined ? 0 : digits) + unit;
+}
+function gib(v) { return v === null || v === undefined ? "–" : (v / 1073741824).toFixed(1) + " GiB"; }
+function dur(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 120) return s.toFixed(0) + " s";
+  if (s < 7200) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+function energy(j) { return j === null ? "–" : (j >= 3.6e5 ? (j / 3.6e6).toFixed(3) + " kWh" : (j / 1000).toFixed(1) + " kJ"); }
+function usd(c) { return c.total_usd === null ? "not priced" : "$" + c.total_usd.toFixed(c.total_usd < 1 ? 4 : 2); }
+function esc(s) { return String(s).replace(/[&<>"]/g, ch => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[ch])); }
+
+function card(dev) {
+  if (cards[dev.uuid]) return cards[dev.uuid];
+  const el = document.createElement("section");
+  el.className = "panel device";
+  el.dataset.uuid = dev.uuid;
+  el.dataset.index = dev.index === null ? "" : String(dev.index);
+  const idx = dev.index === null ? "" : "#" + dev.index + " ";
+  el.innerHTML = `<div class="device-head"><h2>${esc(idx + (dev.name || "device"))}</h2>
+    <span class="badge" data-testid="phase-badge"></span><span class="conf muted"></span>
+    <span class="since muted"></span><span class="held"></span><span class="muted">${esc(dev.uuid)}</span></div>
+    <div class="cols"><div><div class="kpis"></div><div class="chart"></div></div>
+    <div><table class="energy"><thead><tr><th>phase</th><th>time</th><th>energy</th><th>cost</th></tr></thead>
+    <tbody></tbody></table><div class="muted method"></div></div></div>`;
+  document.getElementById("devices").appendChild(el);
+  cards[dev.uuid] = {
+    el, badge: el.querySelector(".badge"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
+    held: el.querySelector(".held"), kpis: el.querySelector(".kpis"), chart: el.querySelector(".chart"),
+    energy: el.querySelector(".energy tbody"), method: el.querySelector(".method"),
+  };
+  return cards[dev.uuid];
+}
+
+function drawDevice(dev, now) {
+  const c = card(dev);
+  const ph = dev.phase ? dev.phase.phase : "unknown";
+  c.badge.textContent = ph;
+  c.badge.dataset.phase = ph;
+  c.badge.style.background = COLOURS[ph];
+  c.conf.textContent = dev.phase && dev.phase.confidence !== null ? "confidence " + dev.phase.confidence.toFixed(2) : "";
+  c.since.textContent = dev.phase && dev.phase.since !== null && now !== null ? "for " + dur(now - dev.phase.since) : "";
+  c.held.textContent = dev.lost ? "NO DATA" : (dev.idle_held ? "idle but held" : "");
+  const v = dev.latest;
+  const kpis = [
+    ["util", fmt(v.gpu_util === undefined ? null : v.gpu_util * 100, " %")],
+    ["mem util", fmt(v.mem_util === undefined ? null : v.mem_util * 100, " %")],
+    ["power", fmt(v.power, " W") + (v.power_limit !== undefined ? " / " + fmt(v.power_limit, " W") : "")],
+    ["memory", gib(v.mem_used) + (v.mem_total !== undefined ? " / " + gib(v.mem_total) : "")],
+    ["temp", fmt(v.temperature, " °C")],
+    ["SM clock", fmt(v.sm_clock === undefined ? null : v.sm_clock / 1e6, " MHz")],
+    ["processes", String(dev.processes)],
+  ];
+  c.kpis.innerHTML = kpis.map(([k, x]) => `<span>${k} <b>${x}</b></span>`).join("");
+  const rows = Object.entries(dev.energy.phases).map(([p, e]) =>
+    `<tr><td><span class="badge" style="background:${COLOURS[p] || "#999"}">${esc(p)}</span></td>` +
+    `<td>${dur(e.seconds)}</td><td>${energy(e.joules)}</td><td>${usd(e.cost)}</td></tr>`);
+  c.energy.innerHTML = rows.join("") || "<tr><td colspan=4 class=muted>no energy yet</td></tr>";
+  c.method.textContent = "energy from " + dev.energy.method.replace("_", " ");
+}
+
+function merge(uuid, h) {
+  const cur = hist[uuid] || (hist[uuid] = {t: [], bands: []});
+  for (const s of ["t", ...CONFIG.signals]) {
+    cur[s] = (cur[s] || []).concat(h[s] || []);
+    if (cur[s].length > CONFIG.max_points) cur[s] = cur[s].slice(cur[s].length - CONFIG.max_points);
+  }
+  cur.bands = h.bands;
+}
+
+function plot(uuid) {
+  const h = hist[uuid];
+  const c = cards[uuid];
+  if (!h || !c) return;
+  const x = h.t.map(t => new Date(t * 1000));
+  const pct = a => a.map(v => v === null ? null : v * 100);
+  const traces = [
+    {x, y: pct(h.gpu_util), name: "util %", mode: "lines", line: {color: "#1d2733"}},
+    {x, y: pct(h.mem_util), name: "mem util %", mode: "lines", line: {color: "#16a085", dash: "dot"}},
+    {x, y: h.power, name: "power W", mode: "lines", yaxis: "y2", line: {color: "#e67e22"}},
+  ];
+  const shapes = h.bands.map(([a, b, p]) => ({
+    type: "rect", xref: "x", yref: "paper", x0: new Date(a * 1000), x1: new Date(b * 1000), y0: 0, y1: 1,
+    fillcolor: COLOURS[p] || "#999", opacity: 0.18, line: {width: 0}, layer: "below",
+  }));
+  const layout = {
+    margin: {l: 40, r: 50, t: 10, b: 30}, showlegend: true, legend: {orientation: "h", y: 1.12},
+    yaxis: {title: "%", range: [0, 105]}, yaxis2: {title: "W", overlaying: "y", side: "right", rangemode: "tozero"},
+    shapes, uirevision: uuid,
+  };
+  Plotly.react(c.chart, traces, layout, {displayModeBar: false, responsive: true});
+  c.chart.dataset.points = String(h.t.length);
+}
+
+function drawTotals(s) {
+  const body = document.querySelector("#totals tbody");
+  body.innerHTML = Object.entries(s.totals).map(([p, t]) =>
+    `<tr><td><span class="badge" style="background:${COLOURS[p] || "#999"}">${esc(p)}</span></td>` +
+    `<td>${dur(t.seconds)}</td><td>${energy(t.joules)}</td><td>${s.devices.some(d => d.priced) ? "$" + t.usd.toFixed(4) : "not priced"}</td></tr>`
+  ).join("") || "<tr><td colspan=4 class=muted>no samples yet</td></tr>";
+  document.getElementById("pricing").textContent = CONFIG.pricing;
+  const held = s.devices.filter(d => d.idle_held);
+  document.getElementById("idle-held").innerHTML = held.length ? held.map(d =>
+    `<div class="held">#${d.index === null ? "?" : d.index} ${esc(d.name)} · ${gib(d.latest.mem_used)} held · ${d.processes} process(es)</div>`
+  ).join("") : "none";
+}
+
+async function tick() {
+  try {
+    const url = "api/update" + (since === null ? "" : "?since=" + since);
+    const r = await fetch(url, {credentials: "same-origin", cache: "no-store"});
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const body = await r.json();
+    const s = body.state;
+    document.getElementById("status").textContent = s.status;
+    const up = document.getElementById("up");
+    up.textContent = s.up ? "source up" : (s.exhausted ? "replay ended" : "source down");
+    up.className = s.up ? "on" : "";
+    for (const dev of s.devices) drawDevice(dev, s.time);
+    for (const [uuid, h] of Object.entries(body.history)) {
+      merge(uuid, h);
+      if (h.t.length) since = Math.max(since === null ? -Infinity : since, h.t[h.t.length - 1]);
+      plot(uuid);
+    }
+    drawTotals(s);
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+  } catch (e) {
+    document.getElementById("status").textContent = "update failed: " + e.message;
+  }
+  setTimeout(tick, CONFIG.refresh_ms);
+}
+tick();
+</script>
+</body>
+</html>
+"""
+
+
+def render(title: str, plotly_src: str, config: dict[str, object]) -> str:
+    """The page, with its settings inlined as JSON (`</` escaped so no value can close the script)."""
+    cfg = dict(config, colours=PHASE_COLOURS)
+    blob = json.dumps(cfg).replace("</", "<\\/")
+    return (
+        _TEMPLATE.replace("__TITLE__", html.escape(title))
+        .replace("__PLOTLY__", html.escape(plotly_src))
+        .replace("__CONFIG__", blob)
+    )

@@ -1,0 +1,141 @@
+"""Where `verify` gets telemetry: recordings and logs, a ledger, the live store, or a live source."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from phasescope.errors import InputError
+from phasescope.schema import SIGNAL_NAMES, Trace
+from phasescope.sources.base import LiveSource, TickBatch
+
+_REL = re.compile(r"^-?(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time(text: str, option: str, now: float | None = None) -> float:
+    """Unix seconds, ISO 8601 (UTC when no zone), or an age such as 10m / 2h / 1d (before now)."""
+    t = text.strip()
+    now = time.time() if now is None else now
+    m = _REL.match(t)
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(option, "time", "Unix seconds, ISO 8601 or an age like 10m, 2h, 1d", text) from None
+    if dt.tzinfo is None:
+        from datetime import UTC
+
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def is_ledger(path: str | Path) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        head = f.read(400)
+    # Canonical JSON sorts keys, so a ledger's first line starts with its header's body.
+    return head.startswith(b'{"body":{') and b'"format":"phasescope-ledger"' in head
+
+
+def read_ledger_traces(path: str | Path) -> tuple[list[Trace], dict[str, Any]]:
+    """Telemetry from an intact ledger (any break in it is an error here: audit it to see all problems)."""
+    from phasescope.verify.audit import _traces, check_chain
+
+    chain = check_chain(path)
+    problems = list(chain.problems)
+    traces = _traces(chain, problems) if not problems else {}
+    if problems:
+        raise InputError(
+            path, problems[0].where, "an intact ledger (see phasescope audit)", problems[0].message
+        )
+    last = chain.records[-1]
+    return list(traces.values()), {
+        "ledger_id": chain.header.get("ledger_id"),
+        "last_hash": last["hash"],
+        "key_fingerprint": chain.header.get("key_fingerprint"),
+    }
+
+
+def read_inputs(paths: Sequence[str], fmt: str = "auto") -> tuple[list[Trace], list[dict[str, Any]]]:
+    from phasescope.sources.replay import read
+
+    traces: list[Trace] = []
+    sources: list[dict[str, Any]] = []
+    for p in paths:
+        if is_ledger(p):
+            from phasescope.verify import require_cryptography
+
+            require_cryptography()
+            ts, info = read_ledger_traces(p)
+            sources.append({"path": str(p), "ledger": info})
+        else:
+            ts = read(p, fmt)
+            sources.append({"path": str(p), "format": ts[0].meta.get("format") if ts else None})
+        traces.extend(ts)
+    return traces, sources
+
+
+def read_store(path: str | Path | None, since: float | None, until: float | None) -> list[Trace]:
+    from phasescope.store import Store, default_store_path
+
+    p = Path(path) if path else default_store_path()
+    if not p.exists():
+        raise InputError(
+            p, "live store", "the store a running phasescope agent writes (or pass --store)", "no such file"
+        )
+    with Store(p, retention_s=None) as st:
+        return st.query(start=since, end=until)
+
+
+def sample_live(
+    source: LiveSource,
+    duration_s: float,
+    interval_s: float = 1.0,
+    on_tick: Callable[[TickBatch], None] | None = None,
+    stop: threading.Event | None = None,
+    sampler_kwargs: dict[str, Any] | None = None,
+) -> list[Trace]:
+    """Watch `source` for `duration_s` seconds; one Trace per device (and hand every tick to `on_tick`)."""
+    from phasescope.sampler import Sampler
+
+    ticks: list[TickBatch] = []
+
+    def keep(b: TickBatch) -> None:
+        ticks.append(b)
+        if on_tick is not None:
+            on_tick(b)
+
+    Sampler(source, interval_s, **(sampler_kwargs or {})).run(keep, duration=duration_s, stop=stop)
+    return ticks_to_traces(ticks)
+
+
+def ticks_to_traces(ticks: Sequence[TickBatch]) -> list[Trace]:
+    rows: dict[str, list[tuple[float, np.ndarray]]] = {}
+    devs: dict[str, Any] = {}
+    for b in ticks:
+        for i, d in enumerate(b.devices):
+            devs[d.uuid] = d
+            rows.setdefault(d.uuid, []).append((b.time, b.values[i]))
+    out = []
+    for uid, rs in rows.items():
+        vals = np.vstack([r[1] for r in rs])
+        t = np.array([r[0] for r in rs], dtype=np.float64)
+        keep = np.concatenate([[True], np.diff(t) > 0])  # a stalled clock repeats a time: keep the first
+        cols = {s: vals[keep, j] for j, s in enumerate(SIGNAL_NAMES) if np.isfinite(vals[:, j]).any()}
+        out.append(Trace(devs[uid], t[keep], cols, {"format": "live"}))
+    return out

@@ -1,0 +1,240 @@
+"""The ledger: an append-only, hash-chained, signed log of telemetry batches and verdicts (JSON Lines).
+
+Every line is one record `{"seq", "prev", "kind", "body", "hash"}`:
+- `hash` = SHA-256 of the canonical JSON of `{"seq", "prev", "kind", "body"}` (keys sorted, no spaces,
+  no NaN: missing values are null); `prev` is the previous record's hash (64 zeros for the first), so an
+  edited, deleted, duplicated or reordered record breaks the chain at a named line.
+- `kind` is `header` (first record: format, ledger id, public key, model version and digest),
+  `batch` (telemetry of one device: time and signal columns in schema base units), `verdict` (one
+  `check.WindowVerdict` with the claim and settings that produced it) or `root`.
+- A `root` record closes a stretch of records: the Merkle root (RFC 6962 hashing) of their hashes,
+  signed with Ed25519 together with the ledger id, the stretch and the previous hash. The last record of a
+  finished ledger is a root with `closed: true` and the count of records before it, so truncation shows.
+
+A bundle is a closed ledger that holds verdicts. Nothing is pickled; the format is in docs/VERIFY.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from phasescope.errors import InputError
+from phasescope.recording import device_to_json
+from phasescope.schema import SIGNAL_NAMES, Trace
+from phasescope.sources.base import TickBatch
+from phasescope.verify.keys import fingerprint, public_pem
+
+FORMAT = "phasescope-ledger"
+FORMAT_VERSION = 1
+GENESIS = "0" * 64
+KINDS = ("header", "batch", "verdict", "root")
+SIGN_DOMAIN = b"phasescope-ledger-root-v1\n"
+DEFAULT_ROOT_EVERY = 64  # records per signed root
+DEFAULT_BATCH_ROWS = 60  # samples per device per batch record (one minute at 1 Hz)
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+    ).encode()
+
+
+def record_hash(seq: int, prev: str, kind: str, body: Any) -> str:
+    return hashlib.sha256(canonical({"seq": seq, "prev": prev, "kind": kind, "body": body})).hexdigest()
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    """RFC 6962 Merkle tree hash: leaves prefixed 0x00, nodes 0x01, split at the largest power of 2 < n."""
+    if not leaves:
+        return hashlib.sha256(b"").digest()
+    if len(leaves) == 1:
+        return hashlib.sha256(b"\x00" + leaves[0]).digest()
+    k = 1
+    while k * 2 < len(leaves):
+        k *= 2
+    return hashlib.sha256(b"\x01" + merkle_root(leaves[:k]) + merkle_root(leaves[k:])).digest()
+
+
+def root_message(ledger_id: str, body: dict[str, Any], prev: str) -> bytes:
+    """What a root's signature covers: the ledger, the stretch, its Merkle root and the chain position."""
+    fields = {k: body[k] for k in ("from", "to", "merkle", "closed", "count")}
+    return SIGN_DOMAIN + canonical({"ledger": ledger_id, "prev": prev, **fields})
+
+
+def model_digest(model: Any) -> str:
+    """SHA-256 of a PhaseModel's canonical JSON document: the exact model, not just its version string."""
+    return "sha256:" + hashlib.sha256(canonical(model.to_dict())).hexdigest()
+
+
+def _col(values: np.ndarray) -> list[float | None]:
+    return [v if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
+
+
+def trace_body(trace: Trace, lo: int = 0, hi: int | None = None) -> dict[str, Any]:
+    """A batch record body for rows [lo, hi) of one device trace."""
+    hi = len(trace) if hi is None else hi
+    meta = {k: str(trace.meta[k]) for k in ("gpu_model",) if k in trace.meta}
+    return {
+        "device": device_to_json(trace.device),
+        "meta": meta,
+        "t": _col(trace.time[lo:hi]),
+        "signals": {
+            s: _col(v[lo:hi]) for s, v in sorted(trace.columns.items()) if np.isfinite(v[lo:hi]).any()
+        },
+    }
+
+
+class LedgerWriter:
+    """Appends records to a ledger file, signing a Merkle root every `root_every` records and on close."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        key: Ed25519PrivateKey,
+        *,
+        model: Any = None,
+        meta: dict[str, Any] | None = None,
+        root_every: int = DEFAULT_ROOT_EVERY,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+    ) -> None:
+        self.path = Path(path)
+        self.key = key
+        self.root_every = max(1, root_every)
+        self.batch_rows = max(1, batch_rows)
+        self._pending: list[bytes] = []  # hashes since the last root
+        self._from = 0
+        self._ticks: dict[str, list[tuple[float, np.ndarray]]] = {}
+        self._devices: dict[str, Any] = {}
+        if self.path.exists() and self.path.stat().st_size > 0:
+            self._resume()
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self.seq = 0
+        self.prev = GENESIS
+        self.ledger_id = uuid.uuid4().hex
+        pub = key.public_key()
+        header = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "ledger_id": self.ledger_id,
+            "created": time.time(),
+            "host": socket.gethostname(),
+            "public_key": public_pem(pub),
+            "key_fingerprint": fingerprint(pub),
+            "model": None if model is None else {"version": model.version, "digest": model_digest(model)},
+            "meta": dict(meta or {}),
+        }
+        self._append("header", header)
+
+    def _resume(self) -> None:
+        """Continue an existing ledger: its chain must check out and it must be ours (same key)."""
+        from phasescope.verify.audit import check_chain  # audit imports this module
+
+        chain = check_chain(self.path)
+        if chain.problems:
+            raise InputError(
+                self.path, chain.problems[0].where, "an intact ledger to append to", chain.problems[0].message
+            )
+        if chain.header.get("key_fingerprint") != fingerprint(self.key.public_key()):
+            raise InputError(
+                self.path,
+                "header.key_fingerprint",
+                "the key this writer signs with",
+                chain.header.get("key_fingerprint"),
+            )
+        last = chain.records[-1]
+        self.ledger_id = str(chain.header["ledger_id"])
+        self.seq = int(last["seq"]) + 1
+        self.prev = str(last["hash"])
+        self._from = self.seq
+        self._f = open(self.path, "ab")  # noqa: SIM115
+
+    # -- appending ---------------------------------------------------------------------------
+    def _append(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        h = record_hash(self.seq, self.prev, kind, body)
+        rec = {"seq": self.seq, "prev": self.prev, "kind": kind, "body": body, "hash": h}
+        self._f.write(canonical(rec) + b"\n")
+        self._f.flush()
+        self.seq += 1
+        self.prev = h
+        if kind != "root":
+            self._pending.append(bytes.fromhex(h))
+            if len(self._pending) >= self.root_every:
+                self.sign_root()
+        return rec
+
+    def append_trace(self, trace: Trace) -> None:
+        """One device's telemetry, in batch records of at most `batch_rows` samples."""
+        for lo in range(0, len(trace), self.batch_rows):
+            self._append("batch", trace_body(trace, lo, min(lo + self.batch_rows, len(trace))))
+
+    def on_tick(self, batch: TickBatch) -> None:
+        """Buffer one live tick; a device's rows become a batch record every `batch_rows` ticks."""
+        for i, d in enumerate(batch.devices):
+            self._devices[d.uuid] = d
+            rows = self._ticks.setdefault(d.uuid, [])
+            rows.append((batch.time, np.array(batch.values[i], dtype=np.float64)))
+            if len(rows) >= self.batch_rows:
+                self._flush_device(d.uuid)
+
+    def _flush_device(self, uid: str) -> None:
+        rows = self._ticks.pop(uid, [])
+        if not rows:
+            return
+        vals = np.vstack([r[1] for r in rows])
+        cols = {s: vals[:, j] for j, s in enumerate(SIGNAL_NAMES)}
+        self.append_trace(Trace(self._devices[uid], np.array([r[0] for r in rows]), cols))
+
+    def flush_ticks(self) -> None:
+        for uid in list(self._ticks):
+            self._flush_device(uid)
+
+    def append_verdict(
+        self, verdict: dict[str, Any], claim: str, window_s: float | None, params: dict[str, Any]
+    ) -> None:
+        self._append("verdict", {"claim": claim, "window_s": window_s, "params": params, "verdict": verdict})
+
+    def sign_root(self, closed: bool = False) -> None:
+        if not self._pending and not closed:
+            return
+        body: dict[str, Any] = {
+            "from": self._from,
+            "to": self.seq - 1,
+            "merkle": merkle_root(self._pending).hex(),
+            "closed": closed,
+            "count": self.seq,
+            "key_fingerprint": fingerprint(self.key.public_key()),
+        }
+        body["signature"] = self.key.sign(root_message(self.ledger_id, body, self.prev)).hex()
+        self._pending = []
+        self._append("root", body)
+        self._from = self.seq
+        self._f.flush()
+        os.fsync(self._f.fileno())  # a signed root is a commitment: make it durable
+
+    def close(self) -> None:
+        """Flush buffered ticks and end with a closing signed root. Appending later reopens the ledger."""
+        if self._f.closed:
+            return
+        self.flush_ticks()
+        self.sign_root(closed=True)
+        self._f.close()
+
+    def __enter__(self) -> LedgerWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

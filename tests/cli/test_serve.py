@@ -1,0 +1,89 @@
+"""`phasescope serve` as a real process: replayed real trace in, clean /metrics and guarded API out."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from phasescope.cli.serve import is_loopback
+from tests.serve.conftest import MIGRATION_RUN, promtool_check, serve_process
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "phasescope", "serve", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_serves_a_replay_with_token_and_public_metrics(shared_data: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHASESCOPE_TOKEN", "t0ken")  # the env var keeps the token off the command line
+    src = f"replay:{shared_data / MIGRATION_RUN}?speed=10"
+    with serve_process(["--source", src, "--usd-per-kwh", "0.2"], tmp_path) as url:
+        deadline = time.monotonic() + 30
+        while True:
+            status, body = _get(url + "metrics")
+            assert status == 200  # /metrics is public unless --metrics-token
+            up = b'phasescope_source_up{source="replay"} 1.0' in body
+            if up and b"phasescope_gpu_phase_probability{" in body:
+                break
+            assert time.monotonic() < deadline, body.decode()[-2000:]
+            time.sleep(0.3)
+        assert promtool_check(body) == ""
+        assert _get(url + "api/state")[0] == 401
+        status, state = _get(url + "api/state", token="t0ken")
+        assert status == 200 and b'"source":"replay"' in state
+
+
+@pytest.mark.slow
+def test_metrics_token_flag_guards_metrics_too(shared_data: Path, tmp_path: Path) -> None:
+    src = f"replay:{shared_data / MIGRATION_RUN}?speed=10"
+    with serve_process(["--source", src, "--token", "abc", "--metrics-token"], tmp_path) as url:
+        assert _get(url + "metrics")[0] == 401
+        assert _get(url + "metrics", token="abc")[0] == 200
+
+
+def test_a_taken_port_is_one_clear_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        done = _run("--port", str(port), "--source", "host")
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bad_source_and_missing_replay_file_are_one_clear_line(tmp_path: Path) -> None:
+    for spec in ("bogus", f"replay:{tmp_path / 'nope.csv'}"):
+        done = _run("--port", "0", "--source", spec)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert done.stderr.startswith("phasescope: ") and len(lines) == 1, done.stderr
+
+
+def test_loopback_detection() -> None:
+    assert all(map(is_loopback, ["127.0.0.1", "::1", "localhost", "127.0.0.2"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "10.0.0.1", "example.org", "::"]))
+
+
+def test_help_has_an_example() -> None:
+    done = _run("--help")
+    assert done.returncode == 0 and "phasescope serve --source" in done.stdout
+    assert "--metrics-token / --metrics-public" in done.stdout

@@ -1,0 +1,79 @@
+"""Series -> Traces: both metric families on one grid, units, precedence, batching."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from phasescope.fleet import names
+from phasescope.fleet.collect import _batches, _Device, build_traces
+from phasescope.fleet.prom import Series
+from phasescope.schema import MIB, Trace
+
+
+def test_both_families_land_on_one_grid(fleet_traces: dict[str, Trace]) -> None:
+    t = fleet_traces["training"]
+    start, step, n = float(np.floor(t.time[0])), 1.0, 200
+    grid = start + np.arange(n)
+    power = np.interp(grid, t.time, t["power"])
+    mem_mib = np.interp(grid, t.time, t["mem_used"]) / MIB
+    util = np.interp(grid, t.time, t["gpu_util"])
+    lab = {"uuid": "GPU-1", "gpu": "0", "model": "RTX 3090", "host": "n1"}
+    dcgm = {
+        "UUID": "GPU-1",
+        "gpu": "0",
+        "modelName": "RTX 3090",
+        "Hostname": "n1",
+        "pod": "p",
+        "namespace": "ns",
+    }
+    series = [
+        # dcgm's utilisation (percent) and the agent's (ratio) for the same device: the agent's wins.
+        Series({"__name__": "DCGM_FI_DEV_GPU_UTIL", **dcgm}, grid, util * 100 + 7),
+        Series({"__name__": "phasescope_gpu_gpu_util_ratio", **lab}, grid[:150], util[:150]),
+        Series({"__name__": "DCGM_FI_DEV_FB_USED", **dcgm}, grid, mem_mib),
+        Series({"__name__": "phasescope_gpu_power_watts", **lab}, grid[10:], power[10:]),
+    ]
+    dev = _Device("GPU-1", "uuid", {**lab, **dcgm}, {s.labels["__name__"] for s in series})
+    mmap = names.metric_map()
+    (trace,) = build_traces([dev], series, start, step, n, mmap, {"GPU-1": {"power_limit": 350.0}})
+    np.testing.assert_allclose(trace["mem_used"], mem_mib * MIB)
+    np.testing.assert_allclose(trace["gpu_util"][:150], util[:150])  # agent's series first
+    np.testing.assert_allclose(trace["gpu_util"][150:], util[150:] + 0.07)  # dcgm fills the rest, in ratio
+    assert np.isnan(trace["power"][:10]).all() and np.allclose(trace["power"][10:], power[10:])
+    assert (trace["power_limit"] == 350.0).all()
+    assert trace.device.host == "n1" and trace.device.index == 0
+    assert trace.device.extra["pod"] == "p" and trace.device.extra["namespace"] == "ns"
+
+
+def test_grid_points_without_any_sample_are_dropped() -> None:
+    grid = 1000.0 + np.arange(10)
+    s = Series({"__name__": "phasescope_gpu_power_watts", "uuid": "GPU-2"}, grid[[0, 1, 5]], np.ones(3))
+    dev = _Device("GPU-2", "uuid", {"uuid": "GPU-2"}, {"phasescope_gpu_power_watts"})
+    (trace,) = build_traces([dev], [s], 1000.0, 1.0, 10, names.metric_map())
+    np.testing.assert_array_equal(trace.time, grid[[0, 1, 5]])
+
+
+def test_mig_instances_are_devices_of_their_own() -> None:
+    assert names.device_key({"UUID": "GPU-9", "GPU_I_ID": "3"}) == "GPU-9/gi3"
+    assert names.device_key({"uuid": "GPU-9"}) == "GPU-9"
+    assert names.device_key({"instance": "x"}) is None
+
+
+def test_batches_stay_under_the_sample_budget() -> None:
+    devs = [
+        _Device(f"GPU-{i}", "uuid" if i % 3 else "UUID", {}, {f"m{j}" for j in range(9)}) for i in range(50)
+    ]
+    batches = list(_batches(devs, 3600, 100_000))
+    assert sorted(d.key for b in batches for d in b) == sorted(d.key for d in devs)
+    for b in batches:
+        assert len({d.label_name for d in b}) == 1
+        assert len(b) == 1 or sum(len(d.metrics) for d in b) * 3600 <= 100_000
+
+
+def test_agent_names_come_from_the_exporter() -> None:
+    from phasescope.serve.metric_names import SIGNAL_METRICS
+
+    mmap = names.metric_map()
+    assert mmap.metrics[SIGNAL_METRICS["power"].name] == ("power", 1.0)
+    assert mmap.metrics["DCGM_FI_DEV_FB_USED"] == ("mem_used", MIB)
+    assert mmap.metrics["DCGM_FI_PROF_PCIE_TX_BYTES"] == ("pcie_tx", 1.0)

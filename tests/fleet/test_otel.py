@@ -1,0 +1,41 @@
+"""The OTLP exporter's metrics, read back through the OpenTelemetry SDK's in-memory reader."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from phasescope.classify.model import PhaseModel
+from phasescope.fleet.collect import FetchStats
+from phasescope.fleet.judge import judge_all
+from phasescope.fleet.otel import OtlpFleetExporter
+from phasescope.fleet.scan import ScanResult
+from phasescope.schema import Trace
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name] = [(dict(p.attributes or {}), p.value) for p in m.data.data_points]
+    return out
+
+
+def test_otlp_gauges_follow_the_last_pass(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
+    reader = InMemoryMetricReader()
+    exp = OtlpFleetExporter([reader])
+    assert _points(reader).get("phasescope.fleet.gpus", []) == []  # nothing before the first pass
+    vs = judge_all(fleet_traces.values(), model)
+    exp.update(ScanResult(0.0, 1.0, vs, FetchStats(), 0.1, 0.1, model.version))
+    pts = _points(reader)
+    gpus = {a["phase"]: v for a, v in pts["phasescope.fleet.gpus"]}
+    assert gpus["training"] == 1 and gpus["inference"] == 1 and gpus["idle"] == 1
+    train = [v for a, v in pts["phasescope.fleet.gpu.phase_probability"] if a["uuid"] == "GPU-training"]
+    assert len(train) == 4 and sum(train) == pytest.approx(1.0)
+    assert pts["phasescope.fleet.held_idle"][0][1] == 0.0
+    exp.shutdown()

@@ -1,0 +1,122 @@
+"""`fleet --serve`: metrics, page and API over scheduled passes (the pass itself is stubbed with real
+verdicts; the real Prometheus path is in test_prometheus_e2e / test_backfill_dcgm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from phasescope.classify.model import PhaseModel
+from phasescope.errors import SourceError
+from phasescope.fleet.collect import FetchStats
+from phasescope.fleet.judge import judge_all
+from phasescope.fleet.scan import ScanOptions, ScanResult
+from phasescope.fleet.service import FleetService, make_app, metrics_text, page_html
+from phasescope.fleet.shard import Shard
+from phasescope.schema import Trace
+
+# starlette's TestClient warns that it will move to httpx2; the client it has today works.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _result(traces: dict[str, Trace], model: PhaseModel) -> ScanResult:
+    vs = judge_all(traces.values(), model)
+    start = min(t.time[0] for t in traces.values())
+    end = max(t.time[-1] for t in traces.values())
+    return ScanResult(start, end, vs, FetchStats(devices=len(vs)), 0.5, 0.25, model.version, "1/2")
+
+
+def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _get(samples: dict[Any, float], name: str, **labels: str) -> list[float]:
+    return [
+        v for (n, lab), v in samples.items() if n == name and all((k, x) in lab for k, x in labels.items())
+    ]
+
+
+def test_metrics_page_and_api(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
+    result = _result(fleet_traces, model)
+    calls = []
+
+    def fake_scan(opts: ScanOptions, **kw: Any) -> ScanResult:
+        calls.append(opts)
+        return result
+
+    svc = FleetService(
+        ScanOptions(url="http://p:9090", shard=Shard(1, 2)), 60, model=model, scan_fn=fake_scan
+    )
+    assert _get(_samples(metrics_text(svc)), "phasescope_fleet_up") == [0.0]  # no pass yet
+    svc.run_once()
+    m = _samples(metrics_text(svc))
+    assert _get(m, "phasescope_fleet_up") == [1.0]
+    assert _get(m, "phasescope_fleet_gpus", phase="training") == [1.0]
+    assert _get(m, "phasescope_fleet_gpus", phase="idle") == [1.0]
+    assert _get(m, "phasescope_fleet_gpu_phase", uuid="GPU-inference", phase="inference") == [1.0]
+    assert _get(m, "phasescope_fleet_gpu_phase", uuid="GPU-inference", phase="training") == [0.0]
+    probs = _get(m, "phasescope_fleet_gpu_phase_probability", uuid="GPU-training")
+    assert len(probs) == 4 and sum(probs) == pytest.approx(1.0)
+    assert _get(m, "phasescope_fleet_pass_seconds", part="query") == [0.5]
+    assert _get(m, "phasescope_fleet_shard_info", shard="1", shards="2") == [1.0]
+
+    html = page_html(svc)
+    assert "GPU-training" in html and "<svg" in html and "held-idle waste" in html
+
+    with TestClient(make_app(svc)) as client:
+        doc = client.get("/api/fleet").json()
+        assert {d["uuid"]: d["label"] for d in doc["devices"]} == {
+            "GPU-training": "training",
+            "GPU-inference": "inference",
+            "GPU-idle": "idle",
+        }
+        assert client.get("/metrics").status_code == 200
+        assert "GPU-idle" in client.get("/").text
+
+
+def test_a_failing_pass_keeps_the_last_result(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
+    result = _result(fleet_traces, model)
+    answers: list[Any] = [result, SourceError("http://p:9090: cannot reach the Prometheus API")]
+
+    def flaky(opts: ScanOptions, **kw: Any) -> ScanResult:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    svc = FleetService(ScanOptions(url="http://p:9090"), 60, model=model, scan_fn=flaky)
+    svc.run_once()
+    svc.run_once()
+    m = _samples(metrics_text(svc))
+    assert _get(m, "phasescope_fleet_up") == [0.0]
+    assert _get(m, "phasescope_fleet_gpus", phase="training") == [1.0]
+    assert "cannot reach" in page_html(svc)
+
+
+def test_scheduled_passes_run_in_the_background(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
+    import threading
+
+    result = _result(fleet_traces, model)
+    done = threading.Event()
+    n = []
+
+    def count(opts: ScanOptions, **kw: Any) -> ScanResult:
+        n.append(1)
+        if len(n) >= 2:
+            done.set()
+        return result
+
+    svc = FleetService(ScanOptions(url="http://p:9090"), 0.05, model=model, scan_fn=count)
+    svc.start()
+    try:
+        assert done.wait(10)
+    finally:
+        svc.stop()
+    assert svc.snapshot().passes >= 2

@@ -1,0 +1,67 @@
+"""The report in a real headless Chromium with the network cut off: it must render from the file alone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from phasescope.classify.model import PhaseModel
+from phasescope.report import build, render
+from phasescope.sources.replay import read
+from tests.live_helpers import TRAINING_RUN
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _chromium() -> str:
+    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    if path is None:
+        if os.environ.get("PHASESCOPE_REQUIRE_SYSTEM_TOOLS"):
+            pytest.fail("chromium is required (PHASESCOPE_REQUIRE_SYSTEM_TOOLS is set) but not installed")
+        pytest.skip("no chromium on this machine")
+    return path
+
+
+def test_report_renders_offline_in_chromium(shared_data: Path, tmp_path: Path) -> None:
+    exe = _chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    path = str(shared_data / TRAINING_RUN)
+    data = build([(path, read(path))], model=PhaseModel.load())
+    out = tmp_path / "report.html"
+    out.write_text(render(data), encoding="utf-8")
+
+    blocked: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+
+            def route(r: object) -> None:
+                url = r.request.url  # type: ignore[attr-defined]
+                if url.startswith("file://"):
+                    r.continue_()  # type: ignore[attr-defined]
+                else:
+                    blocked.append(url)
+                    r.abort()  # type: ignore[attr-defined]
+
+            page.route("**/*", route)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(out.as_uri(), wait_until="load", timeout=60_000)
+            page.wait_for_function(
+                f"document.querySelectorAll('.js-plotly-plot').length === {len(data.devices)}", timeout=60_000
+            )
+            traces = page.evaluate("document.getElementById('fig0').data.length")
+            points = page.evaluate("document.getElementById('fig0')._fullData[0].y.length")
+            shapes = page.evaluate("(document.getElementById('fig0').layout.shapes || []).length")
+            drawn = page.evaluate("document.querySelectorAll('#fig0 .main-svg').length")
+            badges = page.evaluate("[...document.querySelectorAll('h2 .badge')].map(b => b.textContent)")
+        finally:
+            browser.close()
+    assert blocked == [] and errors == []
+    assert traces >= 5 and points > 100 and drawn > 0
+    assert shapes == len(data.devices[0].segments) > 0  # one band per phase segment
+    assert badges == [d.label for d in data.devices] == ["training", "idle"]

@@ -1,0 +1,110 @@
+"""The web app: token auth on all routes but /metrics (own switch), the JSON API, plotly.js from the wheel."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import plotly
+import pytest
+
+from phasescope.classify.model import PhaseModel
+from phasescope.config import PriceConfig
+from phasescope.live_classify import LiveClassifier
+from phasescope.serve.agent import CHART_SIGNALS, Agent
+from phasescope.serve.app import PLOTLY_PATH, build_app
+from phasescope.sources.replay import read
+from phasescope.sources.replay_live import ReplaySource
+from tests.live_helpers import ticks
+from tests.serve.conftest import MIGRATION_RUN, feed
+
+with warnings.catch_warnings():  # starlette warns that its TestClient will move to httpx2; today's works
+    warnings.simplefilter("ignore", UserWarning)  # StarletteDeprecationWarning is a UserWarning
+    from starlette.testclient import TestClient
+
+ROUTES = ["/", f"/{PLOTLY_PATH}", "/api/state", "/api/history", "/api/update", "/healthz"]
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def agent(shared_data: Path) -> Agent:
+    traces = read(shared_data / MIGRATION_RUN)
+    a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()),
+              prices=PriceConfig(usd_per_gpu_hour=2.5, usd_per_kwh=0.12))
+    feed(a, ticks(traces, stop=90))
+    return a
+
+
+def test_without_token_everything_is_open(agent: Agent) -> None:
+    client = TestClient(build_app(agent))
+    for route in [*ROUTES, "/metrics"]:
+        assert client.get(route).status_code == 200, route
+
+
+@pytest.mark.parametrize("metrics_token", [False, True])
+def test_token_guards_every_route_and_metrics_has_its_own_switch(agent: Agent, metrics_token: bool) -> None:
+    client = TestClient(build_app(agent, token=TOKEN, metrics_token=metrics_token))
+    for route in ROUTES:
+        r = client.get(route)
+        assert r.status_code == 401, route
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert client.get(route, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get(route, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert client.get("/metrics").status_code == (401 if metrics_token else 200)
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_token_in_the_url_once_sets_a_cookie_for_the_page(agent: Agent) -> None:
+    client = TestClient(build_app(agent, token=TOKEN))
+    r = client.get(f"/?token={TOKEN}")
+    assert r.status_code == 200
+    cookie = r.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    assert client.get("/api/update").status_code == 200  # the cookie now carries it
+    client.cookies.clear()
+    assert client.get("/api/update").status_code == 401
+
+
+def test_state_and_history_json(agent: Agent) -> None:
+    client = TestClient(build_app(agent))
+    state = client.get("/api/state").json()
+    assert [d["index"] for d in state["devices"]] == [3, 4]
+    assert state["ticks"] == 90
+    gpu4 = state["devices"][1]
+    assert gpu4["phase"]["phase"] == "training"
+    phases = gpu4["energy"]["phases"]
+    assert {"idle", "training"} <= set(phases)
+    for e in phases.values():  # priced by GPU-hour and kWh: cost = time part + energy part
+        expect = e["seconds"] / 3600 * 2.5 + e["joules"] / 3.6e6 * 0.12
+        assert e["cost"]["total_usd"] == pytest.approx(expect, rel=1e-3, abs=1e-6)
+    assert state["totals"]["training"]["joules"] > 0
+    hist = client.get("/api/history").json()
+    h4 = hist[gpu4["uuid"]]
+    assert len(h4["t"]) == 90 and all(len(h4[s]) == 90 for s in CHART_SIGNALS)
+    assert [b[2] for b in h4["bands"]][-1] == "training" and "idle" in [b[2] for b in h4["bands"]]
+    # ?since= returns only newer points: what a polling page asks for.
+    since = h4["t"][-6]
+    newer = client.get(f"/api/history?since={since}").json()[gpu4["uuid"]]
+    assert newer["t"] == h4["t"][-5:]
+
+
+def test_json_is_strict_and_bad_since_is_one_clear_line(agent: Agent) -> None:
+    client = TestClient(build_app(agent))
+    body = client.get("/api/update").text
+    json.loads(body, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    for bad in ("abc", "nan", "inf"):
+        r = client.get(f"/api/update?since={bad}")
+        assert r.status_code == 400 and r.text.startswith("phasescope: since:")
+    assert math.isfinite(client.get("/api/update").json()["state"]["time"])
+
+
+def test_plotly_comes_from_the_installed_wheel(agent: Agent) -> None:
+    client = TestClient(build_app(agent))
+    page = client.get("/").text
+    assert f'src="{PLOTLY_PATH}"' in page
+    js = client.get(f"/{PLOTLY_PATH}")
+    wheel = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    assert js.content == wheel.read_bytes()
+    assert js.headers["content-type"].startswith("application/javascript")

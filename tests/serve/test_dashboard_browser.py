@@ -1,0 +1,77 @@
+"""The dashboard in a real headless Chromium (Debian's), driven by Playwright, over a replayed real trace.
+
+The trace is a real RTX 3090 run in which GPU 4 idles for ~50 s and then the training run migrates onto it.
+Replayed at 3x, the page must load, GPU 4's phase badge must go from idle to training, and its chart must
+hold data with phase bands. The screenshot is kept under docs/img/ when PHASESCOPE_UPDATE_DOCS=1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phasescope.serve.page import PHASE_COLOURS
+from tests.serve.conftest import CHROMIUM, MIGRATION_RUN, serve_process, system_tool
+
+REPO = Path(__file__).resolve().parents[2]
+BADGE = 'section.device[data-index="4"] [data-testid="phase-badge"]'
+CHART = 'section.device[data-index="4"] .chart'
+
+
+def _sync_playwright() -> Any:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("PHASESCOPE_REQUIRE_SYSTEM_TOOLS"):
+            pytest.fail("the playwright package is required (dev extra) but not installed")
+        pytest.skip("playwright not installed")
+    return sync_playwright
+
+
+@pytest.mark.slow
+def test_badge_goes_idle_to_training_and_chart_has_data(shared_data: Path, tmp_path: Path) -> None:
+    chromium = system_tool(CHROMIUM)
+    sync_playwright = _sync_playwright()
+    src = f"replay:{shared_data / MIGRATION_RUN}?speed=3"
+    args = ["--source", src, "--token", "pw-token", "--usd-per-gpu-hour", "2.5", "--usd-per-kwh", "0.12"]
+    with serve_process(args, tmp_path) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            response = page.goto(url + "?token=pw-token")
+            assert response is not None and response.status == 200
+            assert page.title().startswith("phasescope")
+            page.wait_for_function("() => typeof Plotly !== 'undefined'", timeout=20_000)
+            # Idle first (the GPU sits unused while the run starts on GPU 3) ...
+            page.wait_for_function(f"() => document.querySelector('{BADGE}')?.textContent === 'idle'",
+                                   timeout=30_000)
+            # ... then training, once the run migrates onto it.
+            page.wait_for_function(f"() => document.querySelector('{BADGE}')?.textContent === 'training'",
+                                   timeout=45_000)
+            badge = page.locator(BADGE)
+            assert badge.get_attribute("data-phase") == "training"
+            # The chart is a plotly graph with data and coloured phase bands (idle, then training).
+            page.wait_for_function(f"() => Number(document.querySelector('{CHART}').dataset.points) > 20")
+            points = page.evaluate(f"() => document.querySelector('{CHART}').data[0].x.length")
+            assert points > 20
+            fills = f"() => document.querySelector('{CHART}').layout.shapes.map(s => s.fillcolor)"
+            bands = page.evaluate(fills)
+            assert PHASE_COLOURS["idle"] in bands and PHASE_COLOURS["training"] in bands
+            assert page.locator(f"{CHART} .main-svg").count() >= 1
+            assert page.locator("#totals tbody tr").count() >= 2  # energy and cost per phase
+            assert "$" in page.locator("#totals").inner_text()
+            assert not errors, errors
+            shot = tmp_path / "dashboard.png"
+            page.wait_for_timeout(1500)  # let one more update land so the picture is settled
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 20_000
+            if os.environ.get("PHASESCOPE_UPDATE_DOCS") == "1":
+                shutil.copyfile(shot, REPO / "docs" / "img" / "dashboard.png")
+        finally:
+            browser.close()

@@ -1,0 +1,51 @@
+"""The fast text writer writes exactly what prometheus_client's generate_latest writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+from phasescope.classify.model import PhaseModel
+from phasescope.live_classify import LiveClassifier
+from phasescope.serve.agent import Agent
+from phasescope.serve.collector import registry_for
+from phasescope.serve.exposition import TextWriter
+from phasescope.sources.replay import read
+from phasescope.sources.replay_live import ReplaySource
+from tests.live_helpers import ticks
+from tests.serve.conftest import MIGRATION_RUN, feed, promtool_check
+
+
+class _Frozen:
+    """One collect()'s families, replayable: both writers see the very same values."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def test_same_bytes_as_generate_latest_on_a_real_scrape(shared_data: Path) -> None:
+    traces = read(shared_data / MIGRATION_RUN)
+    agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    feed(agent, ticks(traces, stop=80))
+    frozen = _Frozen(list(registry_for(agent, host='node "1"\\a\nb').collect()))
+    writer = TextWriter()
+    first = writer.render(frozen.collect())
+    assert first == generate_latest(frozen)  # type: ignore[arg-type]
+    assert writer.render(frozen.collect()) == first  # from the label cache
+    assert promtool_check(first) == ""
+
+
+def test_other_family_types_and_odd_labels() -> None:
+    g = GaugeMetricFamily("x_ratio", "help with \\ and\nnewline", labels=["a", "b"])
+    g.add_metric(['q"uote', "back\\slash"], 0.5)
+    g.add_metric(["", "nl\nx"], float("nan"))
+    c = CounterMetricFamily("y_bytes", "bytes", labels=["a"], created=1.5)
+    c.add_metric(["1"], 3.0, created=2.0)
+    info = InfoMetricFamily("z", "build", value={"version": "1"})
+    frozen = _Frozen([g, c, info])
+    assert TextWriter().render(frozen.collect()) == generate_latest(frozen)  # type: ignore[arg-type]

@@ -1,0 +1,42 @@
+"""Metric names follow the agreed scheme (common interface) and Prometheus naming practice."""
+
+from __future__ import annotations
+
+import re
+
+from phasescope.schema import SIGNALS
+from phasescope.serve import metric_names as mn
+
+NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def test_agreed_names() -> None:
+    m = mn.SIGNAL_METRICS
+    assert m["power"].name == "phasescope_gpu_power_watts"
+    assert m["mem_used"].name == "phasescope_gpu_mem_used_bytes"
+    assert m["gpu_util"].name == "phasescope_gpu_gpu_util_ratio"
+    assert m["sm_clock"].name == "phasescope_gpu_sm_clock_hertz"
+    assert m["temperature"].name == "phasescope_gpu_temperature_celsius"
+    assert m["pcie_rx"].name == "phasescope_gpu_pcie_rx_bytes_per_second"
+    assert (m["energy"].name, m["energy"].kind) == ("phasescope_gpu_energy_joules_total", "counter")
+    assert m["energy"].family == "phasescope_gpu_energy_joules"  # prometheus_client adds _total itself
+    throttle = m["throttle_reasons"]
+    assert (throttle.name, throttle.kind) == ("phasescope_gpu_throttle_reasons", "gauge")
+    assert mn.PHASE_PROBABILITY.name == "phasescope_gpu_phase_probability"
+    assert mn.PHASE_CONFIDENCE.name == "phasescope_gpu_phase_confidence"
+    assert mn.SOURCE_UP.name == "phasescope_source_up"
+    assert mn.SCRAPE_DURATION.name == "phasescope_scrape_duration_seconds"
+    assert mn.DEVICE_LABELS == ("uuid", "gpu", "model", "host")
+
+
+def test_every_signal_has_a_valid_name_counters_end_in_total() -> None:
+    all_metrics = [*mn.SIGNAL_METRICS.values(), mn.PHASE_PROBABILITY, mn.PHASE_CONFIDENCE, mn.PHASE_CURRENT,
+                   mn.PHASE_SECONDS, mn.PHASE_ENERGY, mn.SOURCE_UP, mn.SOURCE_ERRORS, mn.SAMPLER_TICKS,
+                   mn.SAMPLER_SKIPPED, mn.SCRAPE_DURATION]
+    assert set(mn.SIGNAL_METRICS) == set(SIGNALS)
+    names = [m.name for m in all_metrics]
+    assert len(set(names)) == len(names)
+    for m in all_metrics:
+        assert NAME.match(m.name) and m.name.startswith("phasescope_"), m.name
+        assert m.name.endswith("_total") == (m.kind == "counter"), m.name
+        assert m.help

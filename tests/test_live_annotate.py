@@ -1,0 +1,211 @@
+"""Hook KPIs followed live from a real events directory, and the annotate hook in the sampler thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phasescope.instrument.events import load_events
+from phasescope.live_annotate import Annotator, HookKpiReader, ScrapeKpiReader
+from phasescope.live_state import LiveState, feed
+from phasescope.sources.replay_live import ReplaySource
+from tests.hook_events import shared_hook_events
+from tests.live_helpers import training_traces
+
+
+@pytest.fixture(scope="module")
+def events() -> tuple[Path, dict[str, int]]:
+    return shared_hook_events()
+
+
+def _last_wall(events_dir: Path) -> float:
+    return max(float(pe.rows[:, 1].max()) + pe.wall_offset for pe in load_events(events_dir))
+
+
+def test_window_keeps_only_recent_events(events: tuple[Path, dict[str, int]], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    events_dir, pids = events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    end = _last_wall(events_dir)
+    recent = HookKpiReader(events_dir, window_s=3600, clock=lambda: end + 10)
+    recent.update()
+    assert set(recent.process) == set(pids.values())
+    stale = HookKpiReader(events_dir, window_s=5, clock=lambda: end + 10)  # everything is 10 s old
+    stale.update()
+    assert stale.process == {} and stale.device == {}
+
+
+def test_chunks_are_read_once_and_junk_is_skipped(events: tuple[Path, dict[str, int]], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    events_dir, pids = events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    work = tmp_path / "events"
+    shutil.copytree(events_dir, work)
+    now = [_last_wall(work) + 1]
+    (work / "meta-999999.json").write_text("{not json")  # half-written by a dying process
+    (work / "meta-999998.json").write_text(json.dumps({"format": "something else", "pid": 999998}))
+    reader = HookKpiReader(work, window_s=3600, every_s=0.0, clock=lambda: now[0])
+    reader.update()
+    first = dict(reader.process)
+    assert set(first) == set(pids.values())
+    loaded = {pid: set(p.chunks) for pid, p in reader._procs.items()}
+    # A chunk read once is not read again: remove the files, the KPIs stay (from the kept window).
+    for f in work.glob("events-*.npz"):
+        f.unlink()
+    now[0] += 1
+    reader.update()
+    assert reader.process.keys() == first.keys()
+    assert {pid: set(p.chunks) for pid, p in reader._procs.items()} == loaded
+    assert HookKpiReader(tmp_path / "not-yet", every_s=0.0).update() is True  # no dir yet: nothing, no error
+
+
+def test_annotate_runs_in_the_sampler_thread_and_a_failure_is_said_once(shared_data: Path) -> None:
+    traces = training_traces(shared_data)
+    source = ReplaySource(traces, speed=50.0, loop=True)
+    state = LiveState(source.name)
+    calls: list[str] = []
+
+    def annotate(s: LiveState) -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 3:
+            raise RuntimeError("model file vanished")
+
+    stop = threading.Event()
+    worker = threading.Thread(target=feed, args=(state, source, 0.1, stop),
+                              kwargs={"annotate": annotate}, name="sampler")
+    worker.start()
+    deadline = time.monotonic() + 10
+    while state.ticks < 8 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    worker.join(5)
+    assert state.ticks >= 8 and len(calls) == 3 and set(calls) == {"sampler"}
+    assert "phase/KPI updates stopped: RuntimeError: model file vanished" in " ".join(state.events())
+
+
+def test_annotator_copies_the_classifier_reading(shared_data: Path) -> None:
+    from phasescope.live_classify import LiveClassifier
+    from tests.live_helpers import ticks
+
+    traces = training_traces(shared_data)
+    state = LiveState("replay")
+    clf = LiveClassifier()
+    annotate = Annotator(clf)
+    for batch in ticks(traces, 0, 90):
+        state.ingest(batch)
+        annotate(state)
+    for t in traces:
+        r = clf.reading(t.device.uuid)
+        view = state.phase(t.device.uuid)
+        assert r is not None and view is not None
+        assert (view.phase, view.since) == (r.phase, r.since)
+        assert view.confidence == r.confidence or (np.isnan(view.confidence) and np.isnan(r.confidence))
+
+
+# ---- a serving engine's /metrics (real captures, served over loopback) ----
+
+VLLM = "formats/vllm-metrics/DataDog__integrations-core__vllm_metrics.txt"
+
+
+@pytest.fixture
+def metrics_url(shared_data: Path) -> Iterator[str]:
+    """A loopback HTTP server answering every GET with the real vLLM capture."""
+    body = (shared_data / VLLM).read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_scraped_vllm_latency_on_the_named_gpu(shared_data: Path, metrics_url: str) -> None:
+    from phasescope.live_state import kpi_text
+    from phasescope.sources.scrape import read_file, server_kpis
+    from tests.live_helpers import ticks
+
+    expect = server_kpis(read_file(shared_data / VLLM))[0]["latency_s"]
+    traces = training_traces(shared_data)
+    state = LiveState("replay")
+    for batch in ticks(traces, 0, 3):
+        state.ingest(batch)
+    scraper = ScrapeKpiReader(metrics_url, device="1")
+    scraper.poll_once()  # one scrape: latency since the server started, no rate yet
+    assert scraper.engine == "vllm" and "requests_per_s" not in scraper.kpis
+    Annotator(None, None, [scraper])(state)
+    gpu1 = traces[1].device.uuid
+    state.set_phase(gpu1, "inference", 0.9, 0.0)
+    row = {r.key: r for r in state.rows()}[gpu1]
+    assert row.cells["kpi"] == kpi_text({"latency_p50_s": expect["p50"], "latency_p99_s": expect["p99"]},
+                                        "inference")
+    assert row.cells["kpi"].startswith("p50 ")
+    assert {r.key: r for r in state.rows()}[traces[0].device.uuid].cells["kpi"] == "–"  # not its server
+    scraper.poll_once()  # a second scrape: a window with a rate (nothing new was served in it: 0 req/s)
+    assert scraper.kpis["requests_per_s"] == 0.0
+
+
+def test_a_dead_metrics_url_is_one_note(shared_data: Path) -> None:
+    from tests.live_helpers import ticks
+
+    traces = training_traces(shared_data)
+    state = LiveState("replay")
+    for batch in ticks(traces, 0, 2):
+        state.ingest(batch)
+    scraper = ScrapeKpiReader("http://127.0.0.1:9/metrics", device="0", timeout=0.5)  # discard port
+    annotate = Annotator(None, None, [scraper])
+    for _ in range(3):
+        scraper.poll_once()
+        annotate(state)
+    notes = [e for e in state.events() if "--scrape" in e]
+    assert len(notes) == 1 and "127.0.0.1:9" in notes[0] and scraper.failures == 3
+
+
+def test_top_once_with_a_scrape(shared_data: Path, metrics_url: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    from phasescope.cli import main
+    from tests.live_helpers import TRAINING_RUN
+
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--source", spec,
+                 "--scrape", f"{metrics_url}@1"]) == 0
+    out = capsys.readouterr().out
+    gpu1 = [ln for ln in out.splitlines() if "│ #1 " in ln]
+    assert gpu1 and "p50 " in gpu1[-1] and "p99 " in gpu1[-1]
+
+
+def test_consume_deletes_what_it_has_read(events: tuple[Path, dict[str, int]], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's own events directory must not grow for as long as the demo runs."""
+    import shutil
+
+    events_dir, pids = events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    work = tmp_path / "events"
+    shutil.copytree(events_dir, work)
+    end = _last_wall(work)
+    reader = HookKpiReader(work, window_s=3600, clock=lambda: end + 1, consume=True)
+    reader.update()
+    assert set(reader.process) == set(pids.values()) and not list(work.glob("events-*.npz"))
+    assert list(work.glob("meta-*.json"))  # the small per-process metadata stays

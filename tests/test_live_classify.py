@@ -1,0 +1,152 @@
+"""LiveClassifier on a replayed real recording: a GPU idles, then a training run migrates onto it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phasescope.classify.model import PhaseModel, WindowPredictions
+from phasescope.live_classify import LiveClassifier
+from phasescope.live_state import LiveState
+from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, Trace
+from phasescope.sources.base import TickBatch
+from phasescope.sources.replay import read
+from tests.live_helpers import ticks
+
+# Real RTX 3090 run (sensorguard): GPU 4 idles for ~50 s, then the training run migrates onto it.
+MIGRATION_RUN = "sensorguard-rtx3090/20260830T145310Z_dev-migration_node1-gpu3-4_r01/nvml.csv"
+TRAINING_FROM = 91407.932  # labels.csv: the labelled training span of this run starts here
+
+
+@pytest.fixture(scope="module")
+def model() -> PhaseModel:
+    return PhaseModel.load()
+
+
+@pytest.fixture(scope="module")
+def migration(shared_data: Path) -> list[Trace]:
+    return read(shared_data / MIGRATION_RUN)
+
+
+def _replay(traces: list[Trace], lc: LiveClassifier, stop: int | None = None) -> tuple[LiveState, dict]:
+    """Feed the recording tick by tick; returns the state and each device's sequence of phase changes."""
+    state = LiveState("replay")
+    changes: dict[str, list[tuple[float, str, float]]] = {}
+    for batch in ticks(traces, stop=stop):
+        state.ingest(batch)
+        lc.update(state)
+        for dev in batch.devices:
+            r = lc.reading(dev.uuid)
+            seq = changes.setdefault(dev.uuid, [])
+            if r is not None and (not seq or seq[-1][1] != r.phase):
+                seq.append((batch.time, r.phase, r.since))
+    return state, changes
+
+
+def test_idle_gpu_turns_training_when_the_run_migrates_onto_it(
+    migration: list[Trace], model: PhaseModel
+) -> None:
+    lc = LiveClassifier(model)
+    _, changes = _replay(migration, lc)
+    gpu4 = next(t.device.uuid for t in migration if t.device.index == 4)
+    phases = [p for _, p, _ in changes[gpu4]]
+    assert "idle" in phases and phases[-1] == "training", phases
+    assert phases.index("idle") < phases.index("training")
+    seen_at, _, since = changes[gpu4][phases.index("training")]
+    # Training is first seen after it began (labels.csv) and within two windows of it.
+    assert TRAINING_FROM <= since <= seen_at <= TRAINING_FROM + 2 * lc.window_s
+    r = lc.reading(gpu4)
+    assert r is not None and r.phase == "training"
+    assert set(r.proba) == set(PHASES) and math.isclose(sum(r.proba.values()), 1.0, rel_tol=1e-6)
+    assert r.confidence == pytest.approx(r.proba["training"]) and r.confidence >= model.rules.min_proba
+    bands = lc.bands(gpu4)
+    assert [b.phase for b in bands][-1] == "training"
+    assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(bands))  # in order, no overlap
+    assert lc.phases()[gpu4] == "training"
+
+
+def test_runs_only_every_s_on_the_data_clock(migration: list[Trace], model: PhaseModel) -> None:
+    lc = LiveClassifier(model, every_s=10.0)
+    state, _ = _replay(migration, lc, stop=61)  # 60 s of 1 Hz data, 2 devices
+    # Runs at t0, t0+10, ..., t0+60 (ticks are ~1 s apart, jitter may shift one): 6 or 7 per device.
+    assert 12 <= lc.runs <= 14
+    before = lc.runs
+    lc.update(state)  # same data time again: nothing is due
+    assert lc.runs == before
+
+
+def test_unknown_until_enough_history(migration: list[Trace], model: PhaseModel) -> None:
+    lc = LiveClassifier(model)
+    state = LiveState("replay")
+    assert lc.reading(migration[0].device.uuid) is None
+    lc.update(state)  # no tick yet: nothing to do
+    assert lc.runs == 0
+    batch = next(ticks(migration))
+    state.ingest(batch)
+    lc.update(state)
+    r = lc.reading(migration[0].device.uuid)
+    assert r is not None and r.phase == "unknown" and r.proba == {} and math.isnan(r.confidence)
+    assert r.to_dict()["confidence"] is None
+
+
+def test_a_lost_device_goes_unknown_once_its_window_is_empty(
+    migration: list[Trace], model: PhaseModel
+) -> None:
+    lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
+    state = LiveState("replay")
+    all_ticks = list(ticks(migration, stop=150))
+    for batch in all_ticks[:100]:
+        state.ingest(batch)
+        lc.update(state)
+    keep = migration[1].device.uuid
+    lost = migration[0].device.uuid
+    assert lc.reading(lost) is not None and lc.reading(lost).phase != "unknown"  # type: ignore[union-attr]
+    for batch in all_ticks[100:]:  # device 0 falls off: ticks carry device 1 only
+        state.ingest(TickBatch(batch.time, [batch.devices[1]], batch.values[1:2]))
+        lc.update(state)
+    assert lc.reading(lost).phase == "unknown"  # type: ignore[union-attr]
+    assert lc.reading(keep).phase != "unknown"  # type: ignore[union-attr]
+
+
+class _Scripted:
+    """A stand-in model whose newest window says what the script says (to test the switching rule alone)."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.rules = PhaseModel.load().rules
+
+    def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
+        label = self.script.pop(0)
+        proba = np.full((1, len(PHASES)), np.nan)
+        if label != "unknown":
+            proba[0] = 0.0
+            proba[0, PHASES.index(label)] = 1.0
+        t = trace.time
+        return WindowPredictions(t[:1], t[-1:], proba, [label], [], "scripted", [{}])
+
+
+def test_one_odd_window_does_not_flip_the_phase() -> None:
+    script = ["idle", "idle", "training", "idle", "unknown", "training", "training", "training"]
+    lc = LiveClassifier(_Scripted(list(script)), window_s=60.0, every_s=1.0, confirm=2)  # type: ignore[arg-type]
+    dev = DeviceInfo("GPU-x", "NVIDIA GeForce RTX 3090", 0)
+    state = LiveState("scripted")
+    row = np.full((1, len(SIGNAL_NAMES)), np.nan)
+    row[0, 0] = 0.5
+    state.ingest(TickBatch(999.0, [dev], row))  # the model needs two samples before it is asked
+    seen = []
+    for k in range(len(script)):
+        state.ingest(TickBatch(1000.0 + k, [dev], row))
+        lc.update(state)
+        seen.append(lc.reading(dev.uuid).phase)  # type: ignore[union-attr]
+    # The lone "training" (k=2) is ignored; "unknown" (k=4) keeps the held phase; two in a row switch.
+    assert seen == ["idle", "idle", "idle", "idle", "idle", "idle", "training", "training"]
+    assert lc.reading(dev.uuid).since == 1005.0  # type: ignore[union-attr]
+
+
+def test_rejects_nonsense_settings(model: PhaseModel) -> None:
+    with pytest.raises(ValueError, match="every_s"):
+        LiveClassifier(model, every_s=0.0)
