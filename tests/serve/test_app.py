@@ -108,3 +108,18 @@ def test_plotly_comes_from_the_installed_wheel(agent: Agent) -> None:
     wheel = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     assert js.content == wheel.read_bytes()
     assert js.headers["content-type"].startswith("application/javascript")
+
+
+def test_agent_keeps_every_tick_in_the_store_for_verify(shared_data: Path, tmp_path: Path) -> None:
+    from phasescope.store import Store
+
+    traces = read(shared_data / MIGRATION_RUN)
+    store = Store(tmp_path / "live.sqlite")
+    a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()), store=store)
+    feed(a, ticks(traces, stop=40))
+    stored = {t.device.uuid: t for t in Store(tmp_path / "live.sqlite", read_only=True).query()}
+    assert set(stored) == {tr.device.uuid for tr in traces}
+    for tr in traces:
+        got = stored[tr.device.uuid]
+        assert len(got) == 40
+        assert got["power"][:40].tolist() == pytest.approx(tr["power"][:40].tolist(), nan_ok=True)

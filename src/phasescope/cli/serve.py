@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from typing import Any
 
 import click
 
@@ -52,6 +53,8 @@ def pricing_note(usd_per_gpu_hour: float | None, usd_per_kwh: float | None) -> s
               help="Hook events dir of an instrumented run (phasescope run): step time, MFU, RPS, latency.")
 @click.option("--history", "history_ticks", type=click.IntRange(60, 100_000), default=900, show_default=True,
               help="Samples per device kept for the charts.")
+@click.option("--store", "store_path", default=None,
+              help="Also keep every sample in this SQLite store (what `verify --since/--until` reads).")
 def command(
     host: str | None,
     port: int | None,
@@ -65,6 +68,7 @@ def command(
     model_path: str | None,
     events_dir: str | None,
     history_ticks: int,
+    store_path: str | None,
 ) -> None:
     """Serve the live dashboard, a JSON API and Prometheus /metrics for every device.
 
@@ -108,7 +112,8 @@ def command(
         hooks = HookKpiReader(events_dir)
     agent = Agent(source, interval, classifier=classifier, prices=cfg.prices,
                   history_ticks=history_ticks, idle_util=cfg.thresholds.idle_util,
-                  gap_factor=cfg.thresholds.energy_gap_factor, hooks=hooks)
+                  gap_factor=cfg.thresholds.energy_gap_factor, hooks=hooks,
+                  store=_open_store(store_path))
     app = build_app(agent, token=token, metrics_token=metrics_token,
                     pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh))
     sock = bind(cfg.serve.host, bind_port)
@@ -136,3 +141,11 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise SourceError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
+
+
+def _open_store(path: str | None) -> Any:
+    if path is None:
+        return None
+    from phasescope.store import Store
+
+    return Store(path)

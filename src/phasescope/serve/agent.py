@@ -24,6 +24,7 @@ from phasescope.live_state import LiveState
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.store import Store
 
 # Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).
 CHART_SIGNALS: tuple[str, ...] = ("gpu_util", "mem_util", "power", "mem_used", "temperature", "sm_clock")
@@ -54,6 +55,7 @@ class Agent:
         idle_util: float = 0.05,
         gap_factor: float = DEFAULT_GAP_FACTOR,
         hooks: HookKpiReader | None = None,
+        store: Store | None = None,
     ) -> None:
         self.source = source
         self.interval_s = float(interval_s)
@@ -62,6 +64,7 @@ class Agent:
                                idle_util=idle_util)
         self.classifier = classifier if classifier is not None else LiveClassifier()
         self.hooks = hooks
+        self.store = store  # every tick is also kept here, for `verify --since/--until` and history
         # The same per-tick step as `phasescope top`: phase into the state, hook KPIs where a run writes them.
         self._annotate: Annotator | None = Annotator(self.classifier, hooks)
         # The meter's gap rule works on the data clock: a replay at speed N still has its recorded spacing.
@@ -113,6 +116,12 @@ class Agent:
             self._stop.set()
             return
         self.state.ingest(batch, self.source.error_counts())
+        if self.store is not None:
+            try:
+                self.store.ingest(batch)
+            except Exception as exc:  # the live view goes on; say once why the store stopped
+                self.store = None
+                self.state.note(f"writing the store stopped: {type(exc).__name__}: {exc}")
         if self._annotate is not None:
             try:
                 self._annotate(self.state)
