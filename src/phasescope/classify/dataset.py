@@ -220,10 +220,12 @@ def load_examples(
 def _merge_split_signals(examples: list[Example]) -> list[Example]:
     """Join examples of the same run and device whose signals come from different files (Alibaba keeps
     utilisation and memory in two files); drop exact duplicates (a reader that already joined them)."""
-    groups: dict[tuple[str, str, str], list[Example]] = {}
-    order: list[tuple[str, str, str]] = []
+    groups: dict[tuple[str, str, str, float], list[Example]] = {}
+    order: list[tuple[str, str, str, float]] = []
     for ex in examples:
-        k = (ex.run, ex.device, ex.label)
+        # The sample spacing is part of the key: one run recorded at two rates (our H200 battery) is two
+        # examples, not a duplicate.
+        k = (ex.run, ex.device, ex.label, _spacing(ex.trace.time))
         if k not in groups:
             groups[k] = []
             order.append(k)
@@ -241,6 +243,10 @@ def _merge_split_signals(examples: list[Example]) -> list[Example]:
             continue
         out.append(_join(group))
     return out
+
+
+def _spacing(time: np.ndarray) -> float:
+    return round(float(np.median(np.diff(time))), 2) if len(time) > 1 else 0.0
 
 
 def _join(group: Sequence[Example]) -> Example:
