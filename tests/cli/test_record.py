@@ -130,3 +130,18 @@ def test_default_output_name(tmp_path: Path) -> None:
 
     name = default_output(0.0).name
     assert name.startswith("phasescope-") and name.endswith("-19700101T000000Z.parquet")
+
+
+def test_store_keeps_the_same_samples_as_the_recording(tmp_path: Path, shared_data: Path) -> None:
+    from phasescope.store import Store
+
+    out, db = tmp_path / "r.parquet", tmp_path / "live.sqlite"
+    src = shared_data / RUN
+    assert main(["record", "-o", str(out), "--source", f"replay:{src}?speed=200", "--quiet",
+                 "--store", str(db)]) == 0
+    rec = {t.device.uuid: t for t in read_recording(out)}
+    stored = {t.device.uuid: t for t in Store(db, read_only=True).query()}
+    assert set(stored) == set(rec)
+    for uuid, t in rec.items():
+        np.testing.assert_array_equal(stored[uuid].time, t.time)
+        np.testing.assert_array_equal(stored[uuid]["power"], t["power"])

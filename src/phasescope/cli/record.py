@@ -130,6 +130,8 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     "the recording (for `phasescope eval` / `train-model`).",
 )
 @click.option("--family", default="", help="The `family` column of the labels rows (the workload's name).")
+@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also keep every sample in this SQLite live store (read by `verify --since/--until`).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(
     output: Path | None,
@@ -141,6 +143,7 @@ def command(
     quiet: bool,
     label_from_hooks: bool,
     family: str,
+    store_path: Path | None,
     cmd: tuple[str, ...],
 ) -> None:
     """Record telemetry to Parquet (+ FILE.manifest.json), crash-safe: a kill -9 loses at most ~1 s.
@@ -181,11 +184,16 @@ def command(
                 else DEFAULT_INTERVAL_S
             )
         writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
+        store = None
+        if store_path is not None:
+            from phasescope.store import Store
+
+            store = Store(store_path)
         if not cmd:
-            _record(source, Sampler(source, interval), writer, duration, not quiet, path)
+            _record(source, Sampler(source, interval), writer, duration, not quiet, path, store=store)
             return
         code = _record_command(list(cmd), source, Sampler(source, interval), writer, duration, not quiet,
-                               path, label_from_hooks, family)
+                               path, label_from_hooks, family, store)
     finally:
         source.close()
     sys.exit(code)
@@ -193,7 +201,7 @@ def command(
 
 def _record_command(cmd: list[str], source: Any, sampler: Any, writer: RecordingWriter,
                     duration: float | None, progress_on: bool, path: Path, label_from_hooks: bool,
-                    family: str) -> int:
+                    family: str, store: Any = None) -> int:
     """Record while `cmd` runs (hooks injected when labelling); then write its labels; its exit code."""
     import subprocess
     import tempfile
@@ -216,7 +224,7 @@ def _record_command(cmd: list[str], source: Any, sampler: Any, writer: Recording
 
         threading.Thread(target=stop_when_done, name="phasescope-child", daemon=True).start()
         try:
-            _record(source, sampler, writer, duration, progress_on, path, stop=stop, child=child)
+            _record(source, sampler, writer, duration, progress_on, path, stop=stop, child=child, store=store)
         finally:
             code = child.wait()
         if label_from_hooks:
@@ -243,7 +251,7 @@ def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family:
 
 def _record(
     source: Any, sampler: Any, writer: RecordingWriter, duration: float | None, progress_on: bool, path: Path,
-    stop: threading.Event | None = None, child: Any = None,
+    stop: threading.Event | None = None, child: Any = None, store: Any = None,
 ) -> None:
     progress = _Progress(writer, progress_on)
     stop = stop or threading.Event()
@@ -255,6 +263,8 @@ def _record(
         for event in batch.events:
             progress.say(event)
         writer.write(batch)
+        if store is not None:
+            store.ingest(batch)
         progress.update()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
