@@ -361,17 +361,23 @@ def run_infer_batched(torch: Any, dev: Any, s: Sizes, seconds: float) -> dict[st
     return {"batches": n, "sequences": n * s.infer_batch}
 
 
-def _generate(torch: Any, model: Any, prompt: Any, new_tokens: int, s: Sizes) -> int:
+def _generate(model: Any, prompt: Any, decode_steps: int, s: Sizes, end: float = math.inf) -> int:
+    """Prefill, then up to `decode_steps` single-token steps (the KV cache grows by one position each),
+    stopping early at monotonic time `end`; returns the decode steps done."""
     caches: list[dict[str, Any]] = [{} for _ in range(s.layers)]
     logits = model(prompt, caches=caches, pos0=0)
     pos = prompt.shape[1]
     tok = logits[:, -1:].argmax(-1)
-    for _ in range(new_tokens - 1):
+    done = 0
+    for _ in range(decode_steps):
+        if time.monotonic() >= end:
+            break
         logits = model(tok, caches=caches, pos0=pos)
         pos += 1
+        done += 1
         tok = logits[:, -1:].argmax(-1)
     tok.cpu()
-    return new_tokens
+    return done
 
 
 def _poisson(torch: Any, dev: Any, s: Sizes, seconds: float, rate: float) -> dict[str, Any]:
@@ -386,7 +392,7 @@ def _poisson(torch: Any, dev: Any, s: Sizes, seconds: float, rate: float) -> dic
             if now < next_arrival:
                 time.sleep(next_arrival - now)
             prompt = torch.randint(0, s.vocab, (1, max(8, s.seq // 2)), device=dev)
-            _generate(torch, model, prompt, 16, s)
+            _generate(model, prompt, 15, s)  # 16 tokens: one from the prefill, 15 decoded
             latencies.append(time.monotonic() - next_arrival)  # queueing included, as a client sees it
             next_arrival += rng.expovariate(rate)
     lat = sorted(latencies)
@@ -409,18 +415,7 @@ def run_infer_generate_kv(torch: Any, dev: Any, s: Sizes, seconds: float) -> dic
     with torch.inference_mode():
         while time.monotonic() < end:
             prompt = torch.randint(0, s.vocab, (8, max(8, s.seq // 4)), device=dev)
-            caches: list[dict[str, Any]] = [{} for _ in range(s.layers)]
-            logits = model(prompt, caches=caches, pos0=0)
-            pos = prompt.shape[1]
-            tok = logits[:, -1:].argmax(-1)
-            for _ in range(s.gen_tokens):  # the KV cache grows by one position per token
-                if time.monotonic() >= end:
-                    break
-                logits = model(tok, caches=caches, pos0=pos)
-                pos += 1
-                tokens += 8
-                tok = logits[:, -1:].argmax(-1)
-            tok.cpu()
+            tokens += 8 * _generate(model, prompt, s.gen_tokens, s, end)
     return {"tokens": tokens}
 
 

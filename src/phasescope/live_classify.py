@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasescope.classify.decide import finite_or_none
 from phasescope.classify.model import PhaseModel
 from phasescope.live_state import LiveState
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, Trace
@@ -41,10 +42,10 @@ class PhaseReading:
     def to_dict(self) -> dict[str, object]:
         return {
             "phase": self.phase,
-            "confidence": _finite_or_none(self.confidence),
-            "proba": {k: _finite_or_none(v) for k, v in self.proba.items()},
-            "since": _finite_or_none(self.since),
-            "t": _finite_or_none(self.t),
+            "confidence": finite_or_none(self.confidence),
+            "proba": {k: finite_or_none(v) for k, v in self.proba.items()},
+            "since": finite_or_none(self.since),
+            "t": finite_or_none(self.t),
         }
 
 
@@ -76,10 +77,6 @@ def device_info(state: LiveState, uuid: str) -> DeviceInfo:
     with state._lock:  # older LiveState: read the entry directly
         dev = state._devices.get(uuid)
         return dev.info if dev is not None else DeviceInfo(uuid)
-
-
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 class LiveClassifier:

@@ -74,7 +74,7 @@ class Segment:
             "start": self.start,
             "end": self.end,
             "label": self.label,
-            "probabilities": {k: _finite_or_none(v) for k, v in self.probabilities.items()},
+            "probabilities": {k: finite_or_none(v) for k, v in self.probabilities.items()},
             "n_windows": self.n_windows,
             "n_unknown": self.n_unknown,
         }
@@ -266,7 +266,8 @@ def first_alert(
 # --- helpers ------------------------------------------------------------------------------------------
 
 
-def _finite_or_none(v: float) -> float | None:
+def finite_or_none(v: float) -> float | None:
+    """A number for strict JSON: NaN and infinities become null."""
     return v if math.isfinite(v) else None
 
 
