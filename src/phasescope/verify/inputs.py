@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import threading
-import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +12,7 @@ import numpy as np
 from phasescope.errors import InputError
 from phasescope.schema import SIGNAL_NAMES, Trace
 from phasescope.sources.base import LiveSource, TickBatch
-
-_REL = re.compile(r"^-?(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_time(text: str, option: str, now: float | None = None) -> float:
-    """Unix seconds, ISO 8601 (UTC when no zone), or an age such as 10m / 2h / 1d (before now)."""
-    t = text.strip()
-    now = time.time() if now is None else now
-    m = _REL.match(t)
-    if m:
-        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(option, "time", "Unix seconds, ISO 8601 or an age like 10m, 2h, 1d", text) from None
-    if dt.tzinfo is None:
-        from datetime import UTC
-
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+from phasescope.timespec import parse_time as parse_time  # the shared grammar (cli/verify uses it here)
 
 
 def is_ledger(path: str | Path) -> bool:
@@ -98,7 +71,7 @@ def read_store(path: str | Path | None, since: float | None, until: float | None
         raise InputError(
             p, "live store", "the store a running phasescope agent writes (or pass --store)", "no such file"
         )
-    with Store(p, retention_s=None) as st:
+    with Store(p, read_only=True) as st:  # a running agent may be writing it: read, never write
         return st.query(start=since, end=until)
 
 
