@@ -171,14 +171,78 @@ def test_fleet_statefulset_shards_by_pod_index() -> None:
         assert c["ports"][0]["containerPort"] == ctx.params["port"]
 
 
-def test_dockerfile_runs_the_cli() -> None:
-    text = (DEPLOY / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["phasescope"]' in text
-    extras = re.search(r'pip install [^\n]*"\.\[([a-z,]+)\]"', text)
-    assert extras is not None
+def _dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction: continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        text = (pending + line).strip()
+        pending = ""
+        word, _, rest = text.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    assert not pending, "Dockerfile ends inside a continued line"
+    return out
+
+
+def _exec_form(instructions: list[tuple[str, str]], name: str) -> list[str]:
+    (args,) = [a for i, a in instructions if i == name]  # exactly one, or the last would silently win
+    value = json.loads(args)  # exec form: a JSON array, so no shell sits between Kubernetes and the CLI
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), args
+    return value
+
+
+def test_dockerfile_matches_the_manifests() -> None:
+    ins = _dockerfile()
+    assert ins[0] == ("FROM", "python:3.11-slim")
+    assert _exec_form(ins, "ENTRYPOINT") == ["phasescope"]
+    (ds,) = _docs(DEPLOY / "kubernetes/agent-daemonset.yaml")
+    (ss,) = _docs(DEPLOY / "kubernetes/fleet-statefulset.yaml")
+    agent = ds["spec"]["template"]["spec"]["containers"][0]
+    fleet = ss["spec"]["template"]["spec"]["containers"][0]
+    # The image's default command is the agent's, exactly as the DaemonSet spells it, and the CLI parses it.
+    cmd = _exec_form(ins, "CMD")
+    assert cmd == agent["args"]
+    assert _parse_args(cmd).params["host"] == "0.0.0.0"
+    exposed = {int(p) for i, a in ins if i == "EXPOSE" for p in a.split()}
+    assert exposed == {agent["ports"][0]["containerPort"], fleet["ports"][0]["containerPort"]}
+    # Both manifests run the tag the build comment produces: phasescope:<the package's version>.
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    tag = f"phasescope:{version.group(1)}"
+    assert agent["image"] == fleet["image"] == tag
+    assert f"-t {tag} " in (DEPLOY / "Dockerfile").read_text()
+    # Non-root, by numeric uid so that Kubernetes' runAsNonRoot can verify it.
+    (user,) = [a for i, a in ins if i == "USER"]
+    assert user.isdigit() and int(user) != 0
+    for c in (agent, fleet):
+        assert c["securityContext"]["runAsNonRoot"] is True
+
+
+def test_dockerfile_installs_what_the_agent_needs() -> None:
+    ins = _dockerfile()
     pyproject = (REPO / "pyproject.toml").read_text()
+    installs = [a for i, a in ins if i == "RUN" and "pip install" in a]
+    extras = re.search(r'pip install [^\n]*"\.\[([a-z,]+)\]"', " ".join(installs))
+    assert extras is not None
+    assert "web" in extras.group(1).split(",")  # serve's app and /metrics
     for extra in extras.group(1).split(","):
         assert re.search(rf"^{extra} = \[", pyproject, re.M), extra
+    assert re.search(r'^\s*"nvidia-ml-py', pyproject, re.M)  # NVML bindings come with the package
+    for i, a in ins:
+        if i == "COPY":
+            for src in a.split()[:-1]:
+                assert (REPO / src).exists(), src  # the build context is the repo root
+    # LightGBM's shared library needs the OpenMP runtime, which python:3.11-slim lacks.
+    import lightgbm
+
+    lib = Path(lightgbm.__file__).parent / "lib" / "lib_lightgbm.so"
+    if lib.exists() and b"libgomp.so.1" in lib.read_bytes():
+        assert any(i == "RUN" and "apt-get install" in a and "libgomp1" in a for i, a in ins)
 
 
 # -- Grafana --------------------------------------------------------------------------------------------

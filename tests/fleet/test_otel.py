@@ -9,6 +9,7 @@ pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from phasescope.classify.model import PhaseModel
+from phasescope.fleet.attribution import attach
 from phasescope.fleet.collect import FetchStats
 from phasescope.fleet.judge import judge_all
 from phasescope.fleet.otel import OtlpFleetExporter
@@ -38,4 +39,20 @@ def test_otlp_gauges_follow_the_last_pass(fleet_traces: dict[str, Trace], model:
     train = [v for a, v in pts["phasescope.fleet.gpu.phase_probability"] if a["uuid"] == "GPU-training"]
     assert len(train) == 4 and sum(train) == pytest.approx(1.0)
     assert pts["phasescope.fleet.held_idle"][0][1] == 0.0
+    exp.shutdown()
+
+
+def test_otlp_probabilities_carry_the_pod_of_each_gpu(
+    fleet_traces: dict[str, Trace], model: PhaseModel
+) -> None:
+    # The same pod/namespace as the fleet's /metrics, here from the agent's pod info (fleet/attribution.py).
+    pods = {"GPU-training": {"pod": "llm-train-0", "namespace": "research", "container": "trainer"}}
+    vs = judge_all(attach(list(fleet_traces.values()), pods), model)
+    reader = InMemoryMetricReader()
+    exp = OtlpFleetExporter([reader])
+    exp.update(ScanResult(0.0, 1.0, vs, FetchStats(), 0.1, 0.1, model.version))
+    points = _points(reader)["phasescope.fleet.gpu.phase_probability"]
+    by_gpu = {a["uuid"]: (a["pod"], a["namespace"]) for a, _ in points}
+    assert by_gpu["GPU-training"] == ("llm-train-0", "research")
+    assert by_gpu["GPU-inference"] == by_gpu["GPU-idle"] == ("", "")
     exp.shutdown()

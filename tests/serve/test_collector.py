@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phasescope.classify.model import PhaseModel
 from phasescope.live_classify import LiveClassifier
-from phasescope.schema import MIB, PHASES
+from phasescope.schema import MIB, PHASES, ProcessSample
+from phasescope.serve import collector as collector_module
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for
 from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
+from phasescope.sources.containers import Attribution, ContainerResolver
+from phasescope.sources.host import HostSource
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.live_helpers import ticks
-from tests.serve.conftest import MIGRATION_RUN, feed, promtool_check
+from tests.serve.conftest import MIGRATION_RUN, PROMTOOL, feed, promtool_check, system_tool
+from tests.sources.fake_procfs import build_tree, resolver
+
+REPO = Path(__file__).resolve().parents[2]
+# The join docs/FLEET.md shows: GPUs per namespace and phase, from the agent's series and its pod info.
+FLEET_DOC_JOIN = (
+    "sum by (namespace, phase) (phasescope_gpu_phase * on (uuid) group_left (namespace, pod, container) "
+    "phasescope_gpu_pod_info)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +103,9 @@ def test_nvml_path_exposes_counter_limits_and_model(
     shared_data: Path, fake_nvml: Any, model: PhaseModel
 ) -> None:
     traces = read(shared_data / MIGRATION_RUN)
-    fake = fake_nvml(traces, mem_total_bytes=24576 * MIB, power_limit_w=350.0, energy_from_power=True,
-                     throttle_reasons=4)
+    fake = fake_nvml(
+        traces, mem_total_bytes=24576 * MIB, power_limit_w=350.0, energy_from_power=True, throttle_reasons=4
+    )
     source = NvmlSource()
     agent = Agent(source, 1.0, classifier=LiveClassifier(model))
     registry = registry_for(agent, host="node1")
@@ -106,3 +124,152 @@ def test_nvml_path_exposes_counter_limits_and_model(
     per_phase = s["phasescope_gpu_phase_energy_joules_total"]
     assert per_phase and all(v >= 0 for _, v in per_phase)
     source.close()
+
+
+def _with_processes(batches: list[TickBatch], procs: dict[str, list[int]]) -> Iterator[TickBatch]:
+    for b in batches:
+        yield replace(
+            b, processes=[ProcessSample(b.time, pid, uuid) for uuid, pids in procs.items() for pid in pids]
+        )
+
+
+def test_pods_of_gpu_processes_come_as_info_metrics(
+    shared_data: Path, model: PhaseModel, tmp_path: Path
+) -> None:
+    tree = build_tree(tmp_path)
+    traces = read(shared_data / MIGRATION_RUN)
+    agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="node1", resolver=resolver(tree))
+    batches = list(ticks(traces, stop=40))
+    a, b = (d.uuid for d in batches[0].devices)
+    # GPU a: pod llm-train-0 (pid 101) and a host process (404). GPU b: shared by two pods (202, 101),
+    # plus a vanished pid (999) and a plain Docker container without a pod (505).
+    feed(agent, _with_processes(batches[:20], {a: [101, 404], b: [202, 101, 999, 505]}))
+    text = generate_latest(registry)
+    assert promtool_check(text) == ""
+    s = _samples(text)
+    pods = {lab["uuid"]: lab for lab, v in s["phasescope_gpu_pod_info"] if v == 1.0}
+    assert set(pods) == {a}  # GPU b's two pods disagree on every label: no joinable series for it
+    assert {k: pods[a][k] for k in ("pod", "namespace", "container", "host")} == {
+        "pod": "llm-train-0",
+        "namespace": "research",
+        "container": "trainer",
+        "host": "node1",
+    }
+    procs = sorted((lab["uuid"], lab["pid"], lab["pod"]) for lab, _ in s["phasescope_gpu_process_info"])
+    assert procs == sorted([(a, "101", "llm-train-0"), (b, "101", "llm-train-0"), (b, "202", "vllm-7d9f")])
+    # Every other series keeps its fixed label set: a pod coming or going starts no new series there.
+    for name in ("phasescope_gpu_phase_probability", "phasescope_gpu_power_watts"):
+        assert all("pod" not in lab for lab, _ in s[name]), name
+    # The pod leaves GPU a: its info series goes with it (no stale label).
+    feed(agent, _with_processes(batches[20:], {b: [202, 303]}))
+    s = _samples(generate_latest(registry))
+    assert [(lab["uuid"], lab["pod"]) for lab, _ in s["phasescope_gpu_pod_info"]] == [(b, "vllm-7d9f")]
+
+
+def test_pod_join_in_promql_on_a_real_scrape(shared_data: Path, model: PhaseModel, tmp_path: Path) -> None:
+    """The join docs/FLEET.md shows, run by promtool's PromQL engine on series taken from a real scrape."""
+    tree = build_tree(tmp_path)
+    traces = read(shared_data / MIGRATION_RUN)
+    agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="node1", resolver=resolver(tree))
+    batches = list(ticks(traces, stop=60))
+    a, b = (d.uuid for d in batches[0].devices)
+    feed(agent, _with_processes(batches, {a: [101], b: [202, 303]}))
+    s = _samples(generate_latest(registry))
+    series = [
+        {
+            "series": name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(lab.items())) + "}",
+            "values": " ".join([repr(v)] * 3),
+        }
+        for name in ("phasescope_gpu_phase", "phasescope_gpu_pod_info")
+        for lab, v in s[name]
+    ]
+    current = {lab["uuid"]: lab["phase"] for lab, v in s["phasescope_gpu_phase"] if v == 1.0}
+    pods = {a: ("research", "llm-train-0"), b: ("serving", "vllm-7d9f")}
+    expected: dict[tuple[str, str], float] = {}
+    for uuid, (ns, _pod) in pods.items():
+        for lab, _ in s["phasescope_gpu_phase"]:
+            if lab["uuid"] == uuid:
+                key = (ns, lab["phase"])
+                expected[key] = expected.get(key, 0.0) + (1.0 if current[uuid] == lab["phase"] else 0.0)
+    expr = FLEET_DOC_JOIN
+    assert expr in (REPO / "docs/FLEET.md").read_text()
+    test = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            {"labels": f'{{namespace="{ns}",phase="{ph}"}}', "value": v}
+                            for (ns, ph), v in sorted(expected.items())
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "join_test.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run(
+        [system_tool(PROMTOOL), "test", "rules", "join_test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_host_source_is_exported_as_host_not_gpu(model: PhaseModel) -> None:
+    source = HostSource(find_torch=False)
+    agent = Agent(source, 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="node1")
+    for _ in range(3):
+        agent.on_tick(source.read())
+    text = generate_latest(registry)
+    assert promtool_check(text) == ""
+    s = _samples(text)
+    gpu_series = [n for n in s if n.startswith("phasescope_gpu_")]
+    assert gpu_series == []  # a fleet counting phasescope_gpu_* series counts no CPU
+    (cpu,) = s["phasescope_host_cpu_util_ratio"]
+    assert 0.0 <= cpu[1] <= 1.0 and cpu[0]["host"] == socket.gethostname()
+    (total,) = s["phasescope_host_memory_total_bytes"]
+    assert total[1] == psutil.virtual_memory().total
+    assert s["phasescope_host_memory_used_bytes"][0][1] <= total[1]
+    source.close()
+
+
+class _CountingResolver(ContainerResolver):
+    def __init__(self, tree: dict[str, Path]) -> None:
+        super().__init__(tree["proc"], tree["logs"], (tree["containerd"],))
+        self.calls = 0
+
+    def attribute(self, pid: int) -> Attribution | None:
+        self.calls += 1
+        return super().attribute(pid)
+
+
+def test_scrapes_read_proc_only_when_the_processes_change(
+    shared_data: Path, model: PhaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traces = read(shared_data / MIGRATION_RUN)
+    agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model))
+    counting = _CountingResolver(build_tree(tmp_path))
+    registry = registry_for(agent, resolver=counting)
+    batches = list(ticks(traces, stop=6))
+    a, b = (d.uuid for d in batches[0].devices)
+    feed(agent, _with_processes(batches[:3], {a: [101], b: [202]}))
+    for _ in range(5):
+        generate_latest(registry)
+    assert counting.calls == 2  # one lookup per process, not per scrape
+    feed(agent, _with_processes(batches[3:4], {a: [101], b: [202, 303]}))
+    generate_latest(registry)
+    assert counting.calls == 5  # a new process: all looked up afresh
+    monkeypatch.setattr(collector_module, "ATTRIBUTION_TTL_S", 0.0)  # expired: a reused PID is seen again
+    generate_latest(registry)
+    assert counting.calls == 8

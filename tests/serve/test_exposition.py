@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -9,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from phasescope.classify.model import PhaseModel
 from phasescope.live_classify import LiveClassifier
+from phasescope.schema import ProcessSample
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for
 from phasescope.serve.exposition import TextWriter
@@ -16,6 +18,7 @@ from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.live_helpers import ticks
 from tests.serve.conftest import MIGRATION_RUN, feed, promtool_check
+from tests.sources.fake_procfs import build_tree, resolver
 
 
 class _Frozen:
@@ -28,11 +31,16 @@ class _Frozen:
         return self.families
 
 
-def test_same_bytes_as_generate_latest_on_a_real_scrape(shared_data: Path) -> None:
+def test_same_bytes_as_generate_latest_on_a_real_scrape(shared_data: Path, tmp_path: Path) -> None:
     traces = read(shared_data / MIGRATION_RUN)
     agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
-    feed(agent, ticks(traces, stop=80))
-    frozen = _Frozen(list(registry_for(agent, host='node "1"\\a\nb').collect()))
+    uuids = [t.device.uuid for t in traces]
+    on_gpus = [(101, uuids[0]), (202, uuids[1])]  # a pod per GPU, from the fake procfs tree
+    feed(agent, (replace(b, processes=[ProcessSample(b.time, pid, u) for pid, u in on_gpus])
+                 for b in ticks(traces, stop=80)))
+    registry = registry_for(agent, host='node "1"\\a\nb', resolver=resolver(build_tree(tmp_path)))
+    frozen = _Frozen(list(registry.collect()))
+    assert {m.name for m in frozen.families} >= {"phasescope_gpu_pod_info", "phasescope_gpu_process_info"}
     writer = TextWriter()
     first = writer.render(frozen.collect())
     assert first == generate_latest(frozen)  # type: ignore[arg-type]

@@ -27,12 +27,26 @@ def test_agreed_names() -> None:
     assert mn.SOURCE_UP.name == "phasescope_source_up"
     assert mn.SCRAPE_DURATION.name == "phasescope_scrape_duration_seconds"
     assert mn.DEVICE_LABELS == ("uuid", "gpu", "model", "host")
+    assert mn.GPU_POD_INFO.name == "phasescope_gpu_pod_info"
+    assert mn.GPU_PROCESS_INFO.name == "phasescope_gpu_process_info"
+    assert mn.POD_LABELS == ("pod", "namespace", "container")
+
+
+def test_host_figures_are_not_named_as_gpu_figures() -> None:
+    # The host source's pseudo-device keeps CPU utilisation and RAM in the GPU columns; its names must not.
+    assert {m.name for m in mn.HOST_METRICS.values()} == {
+        "phasescope_host_cpu_util_ratio",
+        "phasescope_host_memory_used_bytes",
+        "phasescope_host_memory_total_bytes",
+    }
+    assert set(mn.HOST_METRICS) <= set(SIGNALS) and "uuid" not in mn.HOST_LABELS
 
 
 def test_every_signal_has_a_valid_name_counters_end_in_total() -> None:
     all_metrics = [*mn.SIGNAL_METRICS.values(), mn.PHASE_PROBABILITY, mn.PHASE_CONFIDENCE, mn.PHASE_CURRENT,
                    mn.PHASE_SECONDS, mn.PHASE_ENERGY, mn.SOURCE_UP, mn.SOURCE_ERRORS, mn.SAMPLER_TICKS,
-                   mn.SAMPLER_SKIPPED, mn.SCRAPE_DURATION]
+                   mn.SAMPLER_SKIPPED, mn.SCRAPE_DURATION, mn.GPU_POD_INFO, mn.GPU_PROCESS_INFO,
+                   *mn.HOST_METRICS.values()]
     assert set(mn.SIGNAL_METRICS) == set(SIGNALS)
     names = [m.name for m in all_metrics]
     assert len(set(names)) == len(names)

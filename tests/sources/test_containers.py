@@ -8,27 +8,22 @@ from pathlib import Path
 import pytest
 
 from phasescope.schema import ProcessSample
-from phasescope.sources.containers import ContainerResolver, parse_cgroup
-
-CID_A = "a" * 8 + "0123456789abcdef" * 3 + "1234abcd"
-CID_B = "b" * 64
-CID_C = "c" * 64
-UID_A = "0d3c2f1e-9b8a-4c7d-8e6f-5a4b3c2d1e0f"
-UID_B = "11111111-2222-3333-4444-555555555555"
-
-V2_SYSTEMD = (
-    "0::/kubepods.slice/kubepods-burstable.slice/"
-    f"kubepods-burstable-pod{UID_A.replace('-', '_')}.slice/cri-containerd-{CID_A}.scope\n"
+from phasescope.sources.containers import Attribution, ContainerResolver, merge_labels, parse_cgroup
+from tests.sources.fake_procfs import (
+    CID_A,
+    CID_B,
+    CID_C,
+    HOST_V1,
+    HOST_V2,
+    UID_A,
+    UID_B,
+    V1,
+    V2_CGROUPFS,
+    V2_DOCKER,
+    V2_SYSTEMD,
+    build_tree,
+    resolver,
 )
-V2_CGROUPFS = f"0::/kubepods/besteffort/pod{UID_B}/{CID_B}\n"
-V1 = (
-    f"12:memory:/kubepods/burstable/pod{UID_B}/{CID_C}\n"
-    f"11:cpu,cpuacct:/kubepods/burstable/pod{UID_B}/{CID_C}\n"
-    f"1:name=systemd:/kubepods/burstable/pod{UID_B}/{CID_C}\n"
-)
-V2_DOCKER = f"0::/system.slice/docker-{CID_C}.scope\n"
-HOST_V2 = "0::/user.slice/user-1000.slice/session-3.scope\n"
-HOST_V1 = "12:memory:/user.slice\n1:name=systemd:/user.slice/user-1000.slice/session-3.scope\n"
 
 
 def test_parse_cgroup_v2_systemd_driver() -> None:
@@ -55,32 +50,11 @@ def test_parse_cgroup_docker_and_host_processes() -> None:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> dict[str, Path]:
-    proc = tmp_path / "proc"
-    for pid, text in {101: V2_SYSTEMD, 202: V2_CGROUPFS, 303: V1, 404: HOST_V2, 505: V2_DOCKER}.items():
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "cgroup").write_text(text)
-    # containerd's OCI bundle for container A names everything.
-    task = tmp_path / "containerd" / CID_A
-    task.mkdir(parents=True)
-    (task / "config.json").write_text(
-        json.dumps(
-            {
-                "annotations": {
-                    "io.kubernetes.cri.container-name": "trainer",
-                    "io.kubernetes.pod.name": "llm-train-0",
-                    "io.kubernetes.pod.namespace": "research",
-                }
-            }
-        )
-    )
-    # Pod B is known only from the kubelet's log directory (one container there).
-    logs = tmp_path / "pods"
-    (logs / f"serving_vllm-7d9f_{UID_B}" / "vllm").mkdir(parents=True)
-    return {"proc": proc, "containerd": tmp_path / "containerd", "logs": logs}
+    return build_tree(tmp_path)
 
 
 def _resolver(t: dict[str, Path]) -> ContainerResolver:
-    return ContainerResolver(t["proc"], t["logs"], (t["containerd"],))
+    return resolver(t)
 
 
 def test_attribute_from_runtime_bundle_and_pod_logs(tree: dict[str, Path]) -> None:
@@ -125,3 +99,36 @@ def test_two_pods_on_one_gpu_drop_the_ambiguous_labels(tree: dict[str, Path]) ->
     r = _resolver(tree)
     labels = r.device_labels([ProcessSample(0.0, 101, "GPU-x"), ProcessSample(0.0, 202, "GPU-x")])
     assert labels.get("GPU-x", {}) == {}
+
+
+def test_two_pods_of_one_namespace_keep_the_namespace() -> None:
+    a = Attribution("a" * 64, pod="train-0", namespace="research", container="trainer")
+    b = Attribution("b" * 64, pod="eval-0", namespace="research", container="trainer")
+    assert merge_labels([a, b]) == {"namespace": "research", "container": "trainer"}
+    assert merge_labels([a, Attribution("c" * 64)]) == a.labels()  # an unnamed container says nothing
+    assert merge_labels([]) == {}
+
+
+def test_names_the_runtime_writes_later_are_picked_up(tree: dict[str, Path]) -> None:
+    r = _resolver(tree)
+    first = r.attribute(505)  # the runtime has not written this container's bundle yet
+    assert first is not None and first.labels() == {}
+    bundle = tree["containerd"] / CID_C
+    bundle.mkdir()
+    (bundle / "config.json").write_text(
+        json.dumps(
+            {
+                "annotations": {
+                    "io.kubernetes.pod.name": "notebook-1",
+                    "io.kubernetes.pod.namespace": "lab",
+                    "io.kubernetes.container.name": "jupyter",
+                }
+            }
+        )
+    )
+    later = r.attribute(505)
+    assert later is not None and later.labels() == {
+        "pod": "notebook-1",
+        "namespace": "lab",
+        "container": "jupyter",
+    }

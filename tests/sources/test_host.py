@@ -15,7 +15,7 @@ import pytest
 from phasescope.schema import SIGNAL_NAMES
 from phasescope.sources import host as host_module
 from phasescope.sources.base import SIGNAL_COLUMN
-from phasescope.sources.host import CombinedSource, HostSource
+from phasescope.sources.host import CombinedSource, HostSource, is_host_device
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from tests.fakes.fake_nvml import FakeProcess
@@ -54,6 +54,7 @@ def test_host_row_is_cpu_and_ram():
     src = HostSource(find_torch=False)
     (dev,) = src.devices()
     assert dev.uuid == f"host:{socket.gethostname()}"
+    assert is_host_device(dev)  # what keeps /metrics from naming its CPU figures phasescope_gpu_*
     batch = src.read()
     row = batch.values[0]
     assert 0.0 <= row[SIGNAL_COLUMN["gpu_util"]] <= 1.0
@@ -111,6 +112,7 @@ def test_combined_source_enriches_gpu_processes(fake_nvml, shared_data, torch_ch
     batch = src.read()
     assert [d.uuid for d in batch.devices] == [traces[0].device.uuid, f"host:{socket.gethostname()}"]
     assert batch.values.shape == (2, len(SIGNAL_NAMES))
+    assert [is_host_device(d) for d in batch.devices] == [False, True]  # the GPU is exported as a GPU
     by_pid = {p.pid: p for p in batch.processes}
     gpu_proc = by_pid[plain_child.pid]
     assert gpu_proc.device_uuid == traces[0].device.uuid

@@ -3,10 +3,17 @@
 Nothing is cached between scrapes and no Gauge objects are kept in sync by the sampler: a scrape reads the
 latest tick, the current phase readings and the energy meters, so a device that vanished simply stops
 appearing, and a missing reading is an absent sample (Prometheus practice), never a made-up 0.
+
+Pod attribution: each GPU process's host PID goes through `ContainerResolver` (/proc/PID/cgroup) and comes
+out as the info metrics `phasescope_gpu_pod_info` / `phasescope_gpu_process_info` (see metric_names.py);
+the other series keep their fixed label set. The one thing kept between scrapes is that mapping, redone
+when the GPU processes change or after ATTRIBUTION_TTL_S. The host pseudo-device is exported as
+`phasescope_host_*` only: CPU figures under a GPU name would make every GPU count include the CPU.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -15,11 +22,14 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from phasescope.schema import PHASES, SIGNAL_NAMES
+from phasescope.schema import PHASES, SIGNAL_NAMES, ProcessSample
 from phasescope.serve import metric_names as mn
 from phasescope.sources.base import SIGNAL_COLUMN
+from phasescope.sources.containers import ContainerResolver, merge_labels
+from phasescope.sources.host import is_host_device
 
 if TYPE_CHECKING:
+    from phasescope.live_state import LiveState
     from phasescope.serve.agent import Agent
 
 
@@ -29,12 +39,30 @@ def _family(metric: mn.MetricName, labels: list[str]) -> GaugeMetricFamily | Cou
     return GaugeMetricFamily(metric.name, metric.help, labels=labels)
 
 
-class PhasescopeCollector:
-    """Device signals, phase, per-phase time and energy, source health and this scrape's own duration."""
+ATTRIBUTION_TTL_S = 10.0
+# Per GPU: the pod/namespace/container its containers agree on (None: none named), and (pid, labels)
+# per containerised process.
+_DevicePods = tuple[list[str] | None, list[tuple[str, list[str]]]]
 
-    def __init__(self, agent: Agent, host: str = "") -> None:
+
+def device_processes(state: LiveState) -> dict[str, list[ProcessSample]]:
+    """uuid -> the processes the newest tick saw on that device (a lost device has none)."""
+    # LiveState has no public reader for these yet; read its entries under its own lock, as
+    # live_classify.device_info does for older LiveStates.
+    with state._lock:
+        return {uuid: list(dev.processes) for uuid, dev in state._devices.items() if dev.processes}
+
+
+class PhasescopeCollector:
+    """Device signals, phase, per-phase time and energy, pod attribution, source health and this scrape's
+    own duration."""
+
+    def __init__(self, agent: Agent, host: str = "", resolver: ContainerResolver | None = None) -> None:
         self.agent = agent
         self.host = host  # label for devices whose source names no host
+        # Off Linux, or with no containers, every lookup finds nothing and the info metrics stay empty.
+        self.resolver = resolver if resolver is not None else ContainerResolver()
+        self._cache: tuple[tuple[tuple[str, int], ...], float, dict[str, _DevicePods]] | None = None
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families vary with the devices present
@@ -49,8 +77,19 @@ class PhasescopeCollector:
         current = _family(mn.PHASE_CURRENT, [*labels, "phase"])
         seconds = _family(mn.PHASE_SECONDS, [*labels, "phase"])
         energy = _family(mn.PHASE_ENERGY, [*labels, "phase"])
+        pod_info = _family(mn.GPU_POD_INFO, [*labels, *mn.POD_LABELS])
+        process_info = _family(mn.GPU_PROCESS_INFO, [*labels, "pid", *mn.POD_LABELS])
+        host_labels = list(mn.HOST_LABELS)
+        host_signals = {s: _family(m, host_labels) for s, m in mn.HOST_METRICS.items()}
         by_device = agent.energy_by_device()
+        pods = self._attribution(device_processes(agent.state))
         for info, latest, reading, _lost in agent.devices():
+            if is_host_device(info):
+                for s, fam in host_signals.items():
+                    v = float(latest[SIGNAL_COLUMN[s]])
+                    if math.isfinite(v):
+                        fam.add_metric([info.host or self.host, info.name], v)
+                continue
             index = "" if info.index is None else str(info.index)
             key = [info.uuid, index, info.name, info.host or self.host]
             for s, fam in signals.items():
@@ -69,8 +108,15 @@ class PhasescopeCollector:
             for p, (joules, secs, _covered) in sorted(by_device.get(info.uuid, {}).items()):
                 seconds.add_metric([*key, p], secs)
                 energy.add_metric([*key, p], joules)
+            merged, named_procs = pods.get(info.uuid, (None, []))
+            for pid, values in named_procs:
+                process_info.add_metric([*key, pid, *values], 1.0)
+            if merged is not None:
+                pod_info.add_metric([*key, *merged], 1.0)
         yield from (f for f in signals.values() if f.samples)
         yield from (proba, confidence, current, seconds, energy)
+        yield from (f for f in (pod_info, process_info) if f.samples)
+        yield from (f for f in host_signals.values() if f.samples)
 
         up = _family(mn.SOURCE_UP, ["source"])
         up.add_metric([agent.source.name], 1.0 if agent.source_up() else 0.0)
@@ -89,11 +135,39 @@ class PhasescopeCollector:
         duration.add_metric([], time.perf_counter() - started)
         yield duration
 
+    def _attribution(self, processes: dict[str, list[ProcessSample]]) -> dict[str, _DevicePods]:
+        """uuid -> _DevicePods. Recomputed when the set of (device, pid) changes, and at least every
+        ATTRIBUTION_TTL_S so that a reused PID, or names the runtime wrote late, show up. Scrapes in between
+        read no /proc files."""
+        key = tuple(sorted((u, p.pid) for u, procs in processes.items() for p in procs))
+        cached = self._cache
+        now = time.monotonic()
+        if cached is not None and cached[0] == key and now - cached[1] < ATTRIBUTION_TTL_S:
+            return cached[2]
+        out: dict[str, _DevicePods] = {}
+        for uuid, pids in itertools.groupby(key, key=lambda kv: kv[0]):
+            atts = []
+            named_procs = []
+            for _, pid in pids:
+                att = self.resolver.attribute(pid)
+                named = att.labels() if att is not None else {}
+                if att is not None and named:  # plain Docker, or no names yet: says nothing useful
+                    atts.append(att)
+                    named_procs.append((str(pid), [named.get(k, "") for k in mn.POD_LABELS]))
+            merged = merge_labels(atts)
+            if named_procs:
+                out[uuid] = ([merged.get(k, "") for k in mn.POD_LABELS] if merged else None, named_procs)
+        self._cache = (key, now, out)  # one assignment: concurrent scrapes at worst compute it twice
+        return out
 
-def registry_for(agent: Agent, host: str = "") -> CollectorRegistry:
+
+def registry_for(
+    agent: Agent, host: str = "", resolver: ContainerResolver | None = None
+) -> CollectorRegistry:
     """A registry of its own (not the process-global default): our collector plus the agent process's CPU and
-    memory, so a scrape also shows what the agent itself costs."""
+    memory, so a scrape also shows what the agent itself costs. `resolver` maps GPU processes to pods
+    (default: this host's /proc and container runtime files)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PhasescopeCollector(agent, host))
+    registry.register(PhasescopeCollector(agent, host, resolver))
     ProcessCollector(registry=registry)
     return registry

@@ -3,7 +3,18 @@
 Per device signal: `phasescope_gpu_<signal>_<unit>` with the schema's base unit (`phasescope_gpu_power_watts`,
 `phasescope_gpu_mem_used_bytes`, `phasescope_gpu_gpu_util_ratio`); counters end in `_total`
 (`phasescope_gpu_energy_joules_total`); the throttle bitmask has no unit (`phasescope_gpu_throttle_reasons`).
-Every device series carries the labels in `DEVICE_LABELS`.
+Every device series carries the labels in `DEVICE_LABELS`, and only those: a label whose value changes
+(the pod on a GPU) would start a new series each time. Pod attribution is in two info-style metrics, value 1,
+joined in PromQL (`* on (uuid) group_left (pod, namespace, container) phasescope_gpu_pod_info`):
+
+- `phasescope_gpu_pod_info{DEVICE_LABELS, pod, namespace, container}`: one series per GPU whose processes
+  run in containers. A label the GPU's containers disagree on (two pods share the GPU) is empty, so the
+  series stays one per GPU and the join stays many-to-one.
+- `phasescope_gpu_process_info{DEVICE_LABELS, pid, pod, namespace, container}`: one series per GPU process
+  in a container, which names every pod on a shared GPU.
+
+The host source's pseudo-device (CPU and RAM, no GPU) is exported as `phasescope_host_*`, never under a
+`phasescope_gpu_*` name, so nothing that counts GPUs counts a CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +25,8 @@ from phasescope.schema import SIGNALS
 
 PREFIX = "phasescope"
 DEVICE_LABELS: tuple[str, ...] = ("uuid", "gpu", "model", "host")
+POD_LABELS: tuple[str, ...] = ("pod", "namespace", "container")
+HOST_LABELS: tuple[str, ...] = ("host", "model")  # model: the CPU model
 
 # schema unit -> Prometheus unit suffix ("" = none: a bitmask is not a quantity).
 _UNIT_SUFFIX: dict[str, str] = {
@@ -84,3 +97,19 @@ SAMPLER_SKIPPED = MetricName(
 SCRAPE_DURATION = MetricName(
     f"{PREFIX}_scrape_duration_seconds", "gauge", "Time taken to build this scrape's metrics"
 )
+GPU_POD_INFO = MetricName(
+    f"{PREFIX}_gpu_pod_info", "gauge",
+    "1 per GPU whose processes run in containers: their pod, namespace and container "
+    "(empty where the GPU's containers disagree)",
+)
+GPU_PROCESS_INFO = MetricName(
+    f"{PREFIX}_gpu_process_info", "gauge",
+    "1 per GPU process in a container: its pid, pod, namespace and container",
+)
+
+# The host source's pseudo-device: schema column -> what it holds there (sources/host.py).
+HOST_METRICS: dict[str, MetricName] = {
+    "gpu_util": MetricName(f"{PREFIX}_host_cpu_util_ratio", "gauge", "Host CPU utilisation, all cores"),
+    "mem_used": MetricName(f"{PREFIX}_host_memory_used_bytes", "gauge", "Host RAM in use, not available"),
+    "mem_total": MetricName(f"{PREFIX}_host_memory_total_bytes", "gauge", "Host RAM installed"),
+}

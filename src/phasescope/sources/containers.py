@@ -13,7 +13,7 @@ Names are not in the cgroup path. They come, in this order, from the container r
 (`<containerd task root>/<id>/config.json`, annotations `io.kubernetes.cri.container-name`,
 `io.kubernetes.pod.name`, `io.kubernetes.pod.namespace`), then from the kubelet's log directory
 (`/var/log/pods/<namespace>_<pod>_<uid>/<container>/`), which gives pod and namespace. A DaemonSet mounts
-those host paths read-only (deploy/kubernetes/daemonset.yaml). A PID that vanished, or is not in a
+those host paths read-only (deploy/kubernetes/agent-daemonset.yaml). A PID that vanished, or is not in a
 container, has no attribution; that is never an error.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from phasescope.schema import ProcessSample
 _ID = r"[0-9a-f]{64}"
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER_RE = re.compile(rf"(?:(?:cri-containerd|crio|docker|containerd)-)?({_ID})(?:\.scope)?$")
+_MAX_CACHED = 4096  # containers remembered by id
 _RUNTIME_RE = re.compile(r"(cri-containerd|crio|docker|containerd)-[0-9a-f]{64}")
 
 
@@ -54,6 +56,16 @@ class Attribution:
     def labels(self) -> dict[str, str]:
         out = {"pod": self.pod, "namespace": self.namespace, "container": self.container}
         return {k: v for k, v in out.items() if v}
+
+
+def merge_labels(attributions: Iterable[Attribution]) -> dict[str, str]:
+    """The pod/namespace/container that all of one GPU's containers agree on. A label they disagree on
+    (two pods share the GPU) is left out rather than picked: one GPU keeps one set of labels."""
+    seen: dict[str, set[str]] = {}
+    for att in attributions:
+        for k, v in att.labels().items():
+            seen.setdefault(k, set()).add(v)
+    return {k: next(iter(vs)) for k, vs in seen.items() if len(vs) == 1}
 
 
 def parse_cgroup(text: str) -> CgroupRef | None:
@@ -102,15 +114,23 @@ class ContainerResolver:
         self.proc_root = Path(proc_root)
         self.pod_logs_root = Path(pod_logs_root)
         self.runtime_roots = tuple(Path(r) for r in runtime_roots)
+        self._proc = str(self.proc_root)
         self._cache: dict[str, Attribution] = {}
+        self._parsed: dict[bytes, tuple[CgroupRef | None]] = {}
         self._pods: dict[str, tuple[str, str]] | None = None
 
     def cgroup(self, pid: int) -> CgroupRef | None:
         try:
-            text = (self.proc_root / str(pid) / "cgroup").read_text(errors="replace")
+            with open(f"{self._proc}/{pid}/cgroup", "rb") as fh:  # plain str path: pathlib costs more here
+                raw = fh.read()
         except OSError:  # vanished, or not ours to read
             return None
-        return parse_cgroup(text)
+        hit = self._parsed.get(raw)  # the processes of one container share one cgroup text
+        if hit is None:
+            if len(self._parsed) >= _MAX_CACHED:
+                self._parsed.clear()
+            hit = self._parsed[raw] = (parse_cgroup(raw.decode(errors="replace")),)
+        return hit[0]
 
     def attribute(self, pid: int) -> Attribution | None:
         ref = self.cgroup(pid)
@@ -119,24 +139,25 @@ class ContainerResolver:
         hit = self._cache.get(ref.container_id)
         if hit is not None:
             return hit
-        att = (
-            self._from_runtime(ref) or self._from_pod_logs(ref) or Attribution(ref.container_id, ref.pod_uid)
-        )
+        att = self._from_runtime(ref) or self._from_pod_logs(ref)
+        if att is None:  # not cached: the runtime may not have written the container's files yet
+            return Attribution(ref.container_id, ref.pod_uid)
+        if len(self._cache) >= _MAX_CACHED:  # containers come and go for as long as the agent runs
+            self._cache.clear()
         self._cache[ref.container_id] = att
         return att
 
     def device_labels(self, processes: list[ProcessSample]) -> dict[str, dict[str, str]]:
         """uuid -> pod/namespace/container of the processes on it; a label several pods share is dropped."""
-        seen: dict[str, dict[str, set[str]]] = {}
+        by_device: dict[str, list[Attribution]] = {}
         for p in processes:
             if p.device_uuid is None:
                 continue
             att = self.attribute(p.pid)
-            if att is None:
-                continue
-            for k, v in att.labels().items():
-                seen.setdefault(p.device_uuid, {}).setdefault(k, set()).add(v)
-        return {u: {k: next(iter(vs)) for k, vs in labs.items() if len(vs) == 1} for u, labs in seen.items()}
+            if att is not None:
+                by_device.setdefault(p.device_uuid, []).append(att)
+        out = {u: merge_labels(atts) for u, atts in by_device.items()}
+        return {u: labels for u, labels in out.items() if labels}
 
     def _from_runtime(self, ref: CgroupRef) -> Attribution | None:
         for root in self.runtime_roots:

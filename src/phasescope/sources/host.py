@@ -27,6 +27,9 @@ from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 
 _NAN = math.nan
+# DeviceInfo.extra["kind"] of the host pseudo-device. Views show it beside the GPUs; /metrics exports it as
+# phasescope_host_*, never under a GPU name, so nothing that counts GPUs counts a CPU.
+HOST_KIND = "host"
 _N = len(SIGNAL_NAMES)
 _TORCH_MARK = b"libtorch"
 
@@ -99,6 +102,11 @@ def _read_proc_io(pid: int) -> tuple[float, float]:
     return float(fields.get(b"read_bytes", _NAN)), float(fields.get(b"write_bytes", _NAN))
 
 
+def is_host_device(info: DeviceInfo) -> bool:
+    """Whether `info` is the host pseudo-device (CPU and RAM), not an accelerator."""
+    return info.extra.get("kind") == HOST_KIND
+
+
 class HostSource:
     """The host as a pseudo-device plus per-process samples for GPU and torch processes."""
 
@@ -108,7 +116,7 @@ class HostSource:
         self._host = socket.gethostname()
         self._info = DeviceInfo(
             uuid=f"host:{self._host}", name=f"{_cpu_model()} ({psutil.cpu_count() or 0} logical cores)",
-            host=self._host, extra={"kind": "host"},
+            host=self._host, extra={"kind": HOST_KIND},
         )
         self._find_torch = find_torch
         self._scan_s = scan_s
