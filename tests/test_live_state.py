@@ -9,7 +9,7 @@ import pytest
 
 from phasescope.display import MISSING, fmt_bytes, fmt_ratio, sparkline
 from phasescope.live_state import DEFAULT_HISTORY, MAX_PROCESS_ROWS, SPARK_WIDTH, LiveState
-from phasescope.schema import ProcessSample, Trace
+from phasescope.schema import SIGNAL_NAMES, ProcessSample, Trace
 from phasescope.sources.base import TickBatch
 from tests.live_helpers import ticks, training_traces
 
@@ -129,3 +129,50 @@ def test_many_processes_are_capped_and_sorted(traces: list[Trace]) -> None:
     assert len(rows) == MAX_PROCESS_ROWS + 1 and rows[-1].cells["name"].endswith("+3 more")
     assert rows[0].cells["util"] == fmt_ratio((MAX_PROCESS_ROWS + 2) / 100)  # busiest first
     assert rows[1].cells["info"].endswith(f"{MISSING} thr · no torch")
+
+
+def _slice(t: Trace, lo: int, hi: int) -> Trace:
+    return Trace(t.device, t.time[lo:hi], {s: t[s][lo:hi] for s in t.present_signals()})
+
+
+def test_preload_fills_the_rings_like_ticks_would(traces: list[Trace]) -> None:
+    """History preloaded from a store equals the same samples ingested as ticks, for the rows shown and
+    the ring (wrapped: more samples than it holds); ticks, energy and cost stay this session's."""
+    n = DEFAULT_HISTORY + 57
+    i = n + 20
+    ticked = _state_at(traces, i)
+    loaded = LiveState("replay")
+    history = [_slice(t, i + 1 - n, i + 1) for t in traces]
+    # The store gives devices in its own order; the source's order decides the rows.
+    assert loaded.preload(history[::-1], [t.device for t in traces]) == DEFAULT_HISTORY * 2
+    assert [r.key for r in loaded.rows()] == [t.device.uuid for t in traces]
+    for a, b in zip(loaded.rows(), ticked.rows(), strict=True):
+        for key in ("util", "mem", "power", "temp", "spark_util", "spark_power"):
+            assert a.cells[key] == b.cells[key], key
+        assert a.cells["energy"] == MISSING  # energy so far: this session's only
+    uuid = traces[0].device.uuid
+    np.testing.assert_array_equal(loaded.history(uuid, "power"), ticked.history(uuid, "power"))
+    np.testing.assert_array_equal(loaded.history_times(uuid), ticked.history_times(uuid))
+    assert loaded.ticks == 0 and "waiting for the first sample" in loaded.status_line()
+
+
+def test_preload_leaves_unwatched_devices_out_and_marks_the_restart_gap(traces: list[Trace]) -> None:
+    i = _mid_workload(traces)
+    gpu0, gpu1 = traces
+    state = LiveState("replay")
+    # Only GPU 1 is watched now, and GPU 0's history is left out; a later new device goes below GPU 1.
+    state.preload([_slice(t, i - 100, i) for t in traces], [gpu1.device])
+    assert state.device_uuids() == [gpu1.device.uuid]
+    resumed = float(gpu1.time[i - 1]) + 60.0  # a restart one minute later
+    values = np.stack([np.stack([t[s] for s in SIGNAL_NAMES], axis=1)[i] for t in traces])
+    state.ingest(TickBatch(resumed, [gpu0.device, gpu1.device], values))
+    assert [r.key for r in state.rows()] == [gpu1.device.uuid, gpu0.device.uuid]
+    util = state.history(gpu1.device.uuid, "gpu_util")
+    times = state.history_times(gpu1.device.uuid)
+    assert len(util) == 102 and np.isnan(util[100]) and not np.isnan(util[[99, 101]]).any()
+    assert times[99] < times[100] < times[101] == resumed
+    assert state.rows()[0].cells["spark_util"][-2] == " "  # the restart shows as a blank column
+    # The next tick a second later is no gap: no second blank.
+    state.ingest(TickBatch(resumed + 1.0, [gpu0.device, gpu1.device], values))
+    assert len(state.history(gpu1.device.uuid, "gpu_util")) == 103
+    assert len(state.history(gpu0.device.uuid, "gpu_util")) == 2  # no history, no blank either

@@ -260,3 +260,33 @@ def test_a_damaged_block_is_an_input_error(tmp_path: Path, real: list[Trace]) ->
         pytest.raises(InputError, match=r"dmg\.sqlite: blocks: expected"),
     ):
         store.query()
+
+
+def test_a_store_from_a_newer_phasescope_is_an_input_error_read_only_too(
+    tmp_path: Path, real: list[Trace]
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "newer.sqlite"
+    with Store(path, retention_s=None) as store:
+        store.ingest_many(_ticks(real, 5))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    for read_only in (True, False):
+        with pytest.raises(InputError, match=r"newer\.sqlite: meta\.schema_version: expected <= 2, got '99'"):
+            Store(path, read_only=read_only)
+
+
+def test_the_writer_announces_itself_until_it_closes(tmp_path: Path, real: list[Trace]) -> None:
+    import os
+
+    path = tmp_path / "w.sqlite"
+    with Store(path, retention_s=None) as writer:
+        writer.ingest_many(_ticks(real, 3))
+        assert writer.active_writer() is None  # itself is not "another" writer
+        with Store(path, read_only=True) as reader:
+            who = reader.active_writer()
+            assert who is not None and who["pid"] == os.getpid()
+    with Store(path, read_only=True) as reader:
+        assert reader.active_writer() is None
+        assert reader.count() == 3 * len(real)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 from textual.widgets import DataTable
@@ -441,3 +442,106 @@ def test_prices_per_device_model_from_the_config_file(shared_data: Path, tmp_pat
                  "--price-gpu-hour", "0", "--source", f"replay:{spar}?speed=10"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "A100" in ln)
     assert " kWh · $0.00" in line  # the flag wins over the file's per-model price
+
+
+# ---- history from the live store on start (`top --store`) ----
+
+HISTORY_ROWS = 300
+
+
+def write_store(path: Path, traces: list[Trace], lo: int, hi: int, newest: float) -> None:
+    """Rows lo..hi-1 of a real recording into a live store through the Store API, as an agent would
+    have written them: the recorded spacing kept, the last sample stamped `newest` (Unix s)."""
+    from phasescope.store import Store
+
+    shift = newest - float(traces[0].time[hi - 1])
+    batches = [TickBatch(b.time + shift, b.devices, b.values) for b in ticks(traces, lo, hi)]
+    with Store(path) as store:
+        store.ingest_many(batches)
+
+
+def _training_rows(traces: list[Trace]) -> tuple[int, int]:
+    """Five minutes ending four minutes into the GPT-2 training on GPU 0 (labels.csv: t_from)."""
+    t0 = traces[0]
+    hi = int(t0.time.searchsorted(t0.meta["t_from"] + 240))
+    return hi - HISTORY_ROWS, hi
+
+
+def _preloaded(shared_data: Path, tmp_path: Path) -> tuple[list[Trace], LiveState, int, int]:
+    from phasescope.cli.top import open_history
+
+    traces = training_traces(shared_data)
+    lo, hi = _training_rows(traces)
+    now = time.time()
+    path = tmp_path / "live.sqlite"
+    write_store(path, traces, lo, hi, now - 5.0)
+    said: list[str] = []
+    devices = [t.device for t in traces]
+    history = open_history(path, devices, 600.0, False, said.append, now=now)
+    assert history is not None and history.writer is None
+    assert len(said) == 1
+    assert said[0].startswith(f"history: {path}: {HISTORY_ROWS * 2} samples of 2 device(s) ")
+    state = LiveState("replay", history.capacity(600.0, 1.0))
+    assert state.preload(history.traces, devices) == HISTORY_ROWS * 2
+    return traces, state, lo, hi
+
+
+def test_history_from_the_live_store_is_on_the_first_frame(shared_data: Path, tmp_path: Path) -> None:
+    """Before any live sample: sparklines, current values and the row order come from the store."""
+    from phasescope.display import fmt_ratio, sparkline
+    from phasescope.live_state import SPARK_WIDTH
+
+    traces, state, lo, hi = _preloaded(shared_data, tmp_path)
+    app = TopApp(state, None)
+
+    async def go() -> None:
+        async with app.run_test(size=SIZE):
+            assert state.ticks == 0
+            assert _keys(app) == [t.device.uuid for t in traces]
+            for t in traces:
+                cells = _cells(app, t.device.uuid)
+                util = t["gpu_util"][lo:hi]
+                assert cells["spark_util"] == sparkline(util, SPARK_WIDTH, 0.0, 1.0)
+                assert cells["spark_util"].strip()  # drawn, not blank padding
+                assert cells["util"] == fmt_ratio(float(util[-1]))
+            busy = _cells(app, traces[0].device.uuid)["spark_util"]
+            assert busy != _cells(app, traces[1].device.uuid)["spark_util"]  # training vs idle
+            assert "waiting for the first sample" in str(app.query_one("#status").render())
+
+    _run(go)
+
+
+def test_history_gives_the_phase_before_the_first_sample_then_live_ticks_follow(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """The classifier replays the loaded history (the real model), so the badges say training / idle at
+    once; live ticks then join the history after a blank column that marks the restart."""
+    from phasescope.cli.top import backfill_phases
+    from phasescope.live_classify import LiveClassifier
+
+    traces, state, _, _ = _preloaded(shared_data, tmp_path)
+    classifier = LiveClassifier()
+    backfill_phases(state, classifier)
+    train, idle = (t.device.uuid for t in traces)
+    view = state.phase(train)
+    assert state.ticks == 0 and view is not None and view.phase == "training"
+    assert (p := state.phase(idle)) is not None and p.phase == "idle"
+    first = float(state.history_times(train)[0])
+    assert first < view.since < float(state.history_times(train)[-1])  # began inside the history
+    app = TopApp(state, None)
+
+    async def go() -> None:
+        async with app.run_test(size=SIZE):
+            assert _cells(app, train)["phase"].strip().startswith("training ")
+            assert _cells(app, idle)["phase"].strip().startswith("idle ")
+
+    _run(go)
+    gap_from = float(state.history_times(train)[-1])
+    source = ReplaySource(traces, speed=50.0, loop=True)
+    stop = threading.Event()
+    feed(state, source, 0.1, stop, duration=0.5)
+    times = state.history_times(train)
+    util = state.history(train, "gpu_util")
+    assert state.ticks >= 2 and len(times) == HISTORY_ROWS + 1 + state.ticks
+    assert np.isnan(util[HISTORY_ROWS]) and gap_from < times[HISTORY_ROWS] < times[HISTORY_ROWS + 1]
+    assert np.all(np.diff(times) > 0)

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +33,7 @@ from phasescope.display import (
 )
 from phasescope.kpi.cost import Prices, device_cost
 from phasescope.kpi.energy import FleetEnergyMeter
-from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample
+from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample, Trace
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 
 DEFAULT_HISTORY = 300  # ticks kept per device (5 min at 1 Hz): the live classifier's window, sparklines
@@ -68,6 +68,16 @@ class Ring:
         self._head = (self._head + 1) % self._buf.shape[0]
         self._n = min(self._n + 1, self._buf.shape[0])
 
+    def extend(self, times: FloatArray, rows: FloatArray) -> None:
+        """Push many rows at once (oldest first); only the newest `capacity` stay."""
+        cap = self._buf.shape[0]
+        times, rows = times[-cap:], rows[-cap:]
+        slots = (self._head + np.arange(times.size)) % cap
+        self._buf[slots] = rows
+        self._times[slots] = times
+        self._head = (self._head + times.size) % cap
+        self._n = min(self._n + times.size, cap)
+
     def _order(self) -> np.ndarray:
         cap = self._buf.shape[0]
         return (np.arange(self._head - self._n, self._head) % cap) if self._n else np.empty(0, dtype=int)
@@ -95,6 +105,9 @@ class DeviceState:
     history: Ring
     lost: bool = False
     processes: list[ProcessSample] = field(default_factory=list)
+    # After a preload: the first live tick further than this past the history leaves a blank row between
+    # them, so sparklines show the restart as the gap it is rather than joining the two.
+    resume_gap_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -159,6 +172,7 @@ class LiveState:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceState] = {}
+        self._planned_order: dict[str, int] = {}  # uuid -> row position, from a preload's device list
         self._proc_cpu: dict[int, deque[float]] = {}
         self._events: deque[str] = deque(maxlen=20)
         self._errors: dict[str, int] = {}
@@ -183,12 +197,16 @@ class LiveState:
             for i, dev in enumerate(batch.devices):
                 state = self._devices.get(dev.uuid)
                 if state is None:
-                    state = DeviceState(dev, len(self._devices), Ring(self.capacity, len(SIGNAL_NAMES)))
-                    self._devices[dev.uuid] = state
+                    state = self._new_device(dev)
                 elif state.lost:
                     state.lost = False
                     self._events.append(f"{_dev_name(dev)} is back")
                 state.info = dev
+                if math.isfinite(state.resume_gap_s):
+                    last = float(state.history.times()[-1])
+                    if batch.time - last > state.resume_gap_s:
+                        state.history.push((last + batch.time) / 2, np.full(len(SIGNAL_NAMES), np.nan))
+                    state.resume_gap_s = math.nan
                 state.history.push(batch.time, batch.values[i])
                 seen.add(dev.uuid)
             for uuid, state in self._devices.items():
@@ -205,6 +223,44 @@ class LiveState:
             self.last_tick_time = batch.time
             self._last_tick_mono = time.monotonic()
             self.version += 1
+
+    def _new_device(self, dev: DeviceInfo) -> DeviceState:
+        """A row for a device seen the first time, where a preload placed it (caller holds the lock)."""
+        order = self._planned_order.get(dev.uuid)
+        if order is None:
+            order = 1 + max([d.order for d in self._devices.values()] + list(self._planned_order.values()),
+                            default=-1)
+        state = DeviceState(dev, order, Ring(self.capacity, len(SIGNAL_NAMES)))
+        self._devices[dev.uuid] = state
+        return state
+
+    def preload(self, traces: Sequence[Trace], devices: Sequence[DeviceInfo]) -> int:
+        """History from before this session (e.g. the live store) into the ring buffers, before the first
+        tick, so rows show their sparklines at once and the classifier has a window to judge.
+
+        `devices` are the watched devices in the source's order (rows keep that order); a trace of one of
+        them fills its history with its newest `capacity` samples, and traces of other devices are left
+        out (the caller says so). Ticks, energy and cost are untouched: they count this session only.
+        Returns the samples loaded.
+        """
+        watched = {d.uuid: i for i, d in enumerate(devices)}
+        loaded = 0
+        with self._lock:
+            self._planned_order.update(watched)
+            for tr in traces:
+                if tr.device.uuid not in watched or not len(tr):
+                    continue
+                info = next(d for d in devices if d.uuid == tr.device.uuid)  # the live identity wins
+                state = self._devices.get(info.uuid) or self._new_device(info)
+                order = np.argsort(tr.time, kind="stable")[-self.capacity :]
+                rows = np.column_stack([tr[s][order] for s in SIGNAL_NAMES])
+                state.history.extend(tr.time[order], rows)
+                step = np.diff(tr.time[order])
+                step = step[step > 0]
+                state.resume_gap_s = 3.0 * float(np.median(step)) if step.size else 3.0
+                loaded += int(order.size)
+            self.version += 1
+        return loaded
 
     def _take_processes(self, processes: list[ProcessSample]) -> None:
         by_dev: dict[str, list[ProcessSample]] = {u: [] for u in self._devices}
@@ -571,14 +627,25 @@ def feed(
     stop: threading.Event,
     duration: float | None = None,
     annotate: Callable[[LiveState], None] | None = None,
+    *,
+    before: Callable[[], None] | None = None,
+    sink: Callable[[TickBatch], None] | None = None,
 ) -> None:
     """Sample `source` into `state` until `stop` is set or `duration` has passed, then close the source.
 
     `annotate(state)` runs after each tick in the same thread (the live classifier, hook KPIs), so the view
-    never waits on it. Runs in a worker thread; a failure ends sampling (or, in `annotate`, annotating) with a
-    status message instead of taking the view down.
+    never waits on it. `before()` runs once in this thread before the first sample (e.g. the classifier
+    over preloaded history); `sink(batch)` gets every tick after the state (e.g. the live store). Runs in a
+    worker thread; a failure ends sampling (or, in `annotate`, `before` or `sink`, that part) with a status
+    message instead of taking the view down.
     """
     hooks = [annotate] if annotate is not None else []
+    sinks = [sink] if sink is not None else []
+    if before is not None:
+        try:
+            before()
+        except Exception as exc:
+            state.note(f"before sampling: {type(exc).__name__}: {exc}")
 
     def on_tick(batch: TickBatch) -> None:
         if getattr(source, "exhausted", False):  # a replay that reached its end: keep the last picture
@@ -587,6 +654,12 @@ def feed(
             stop.set()
             return
         state.ingest(batch, source.error_counts())
+        for put in list(sinks):
+            try:
+                put(batch)
+            except Exception as exc:  # e.g. a full disk: the view goes on without the store
+                sinks.remove(put)
+                state.note(f"store writes stopped: {type(exc).__name__}: {exc}")
         for hook in list(hooks):
             try:
                 hook(state)

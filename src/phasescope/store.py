@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +81,7 @@ class Store:
         self._last_prune: float | None = None
         self._closed = False
         self._w: sqlite3.Connection | None = None
+        self._writer_tag: str | None = None
         try:
             if read_only:
                 if not self.path.is_file():
@@ -86,6 +89,10 @@ class Store:
                 conn = self._reader()
                 if conn.execute("SELECT name FROM sqlite_master WHERE name='samples'").fetchone() is None:
                     raise InputError(self.path, "store", "a phasescope SQLite store", "no samples table")
+                if conn.execute("SELECT name FROM sqlite_master WHERE name='meta'").fetchone() is not None:
+                    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                    if row is not None and int(row[0]) > SCHEMA_VERSION:  # a newer phasescope's layout
+                        raise InputError(self.path, "meta.schema_version", f"<= {SCHEMA_VERSION}", row[0])
                 self._signals = self._signal_columns(conn)
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +101,7 @@ class Store:
             # NORMAL in WAL: a commit survives a process crash; only an OS crash may lose the last ones.
             self._w.execute("PRAGMA synchronous=NORMAL")
             self._create()
+            self._announce_writer()
             self._signals = self._signal_columns(self._w)
             for uuid, dev_id in self._w.execute("SELECT uuid, id FROM devices"):
                 self._device_ids[uuid] = dev_id
@@ -141,6 +149,41 @@ class Store:
             for s in SIGNAL_NAMES:
                 if s not in have:
                     w.execute(f"ALTER TABLE samples ADD COLUMN {_col(s)} REAL")
+
+    def _announce_writer(self) -> None:
+        """Say in `meta` which process writes the store, so another (e.g. `top --store` while `serve
+        --store` runs) can see it and only read: two writers would interleave one device's samples."""
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        self._writer_tag = json.dumps(me)
+        with self._writer() as w:
+            w.execute("INSERT OR REPLACE INTO meta VALUES ('writer', ?)", (self._writer_tag,))
+
+    def active_writer(self) -> dict[str, Any] | None:
+        """The process that has the store open for writing now ({pid, host, since}), or None.
+
+        A writer that died without closing (kill -9) leaves its entry: it counts only while a process with
+        its pid runs on this host (an entry from another host cannot be checked and counts as none).
+        """
+        conn = self._w if self._w is not None else self._reader()
+        if conn.execute("SELECT name FROM sqlite_master WHERE name='meta'").fetchone() is None:
+            return None
+        row = conn.execute("SELECT value FROM meta WHERE key='writer'").fetchone()
+        if row is None or row[0] == self._writer_tag:
+            return None
+        try:
+            who = json.loads(row[0])
+            pid = int(who["pid"])
+        except (ValueError, TypeError, KeyError):
+            return None
+        if who.get("host") != socket.gethostname():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:  # alive, another user's
+            pass
+        return dict(who)
 
     @staticmethod
     def _signal_columns(conn: sqlite3.Connection) -> list[str]:
@@ -524,6 +567,13 @@ class Store:
                     conn.close()
                 self._readers.clear()
             if self._w is not None:
+                if self._writer_tag is not None:
+                    try:
+                        with self._w:
+                            self._w.execute("DELETE FROM meta WHERE key='writer' AND value=?",
+                                            (self._writer_tag,))
+                    except sqlite3.Error:  # closing must not fail; a stale entry is checked by pid
+                        pass
                 self._w.close()
 
     def __enter__(self) -> Store:

@@ -35,6 +35,8 @@ A device in [b black on yellow] IDLE·HELD [/] is idle while a process (or its m
 
 Util is the device's utilisation; on a process row it is that process's CPU (100% = one core).
 A value the source did not give is shown as [b]–[/b], never as 0.
+With a live store (--store, or the default one), sparklines and the phase start from its recent
+history (--history); a blank column marks where this session's samples begin.
 Press any key to close."""
 
 

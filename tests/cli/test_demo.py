@@ -1,14 +1,22 @@
-"""`phasescope demo` for real: two PyTorch child processes, watched by the host source, and none left over."""
+"""`phasescope demo` for real: two PyTorch child processes, watched by the host source, and none left over;
+the dashboard it serves from the same samples as its table."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -17,14 +25,16 @@ from phasescope.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 STARTED = re.compile(r"demo: started training pid (\d+), inference pid (\d+)")
+DASHBOARD = re.compile(r"demo: dashboard at (http://127\.0\.0\.1:\d+/)")
 
 
-def _start_demo(duration: float) -> subprocess.Popen[str]:
+def _start_demo(duration: float, *web: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="260")
     return subprocess.Popen(
         [sys.executable, "-m", "phasescope", "demo", "--plain", "--source", "host",
-         "--duration", str(duration), "--interval", "0.5"],
+         "--duration", str(duration), "--interval", "0.5", *(web or ("--no-web",))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+        errors="replace",  # a signal may cut a table mid-character
     )
 
 
@@ -115,3 +125,143 @@ def test_demo_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch
     assert main(["demo", "--plain", "--duration", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install torch==2.13.0" in err[0]
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _stream_events(url: str, n: int) -> list[dict[str, Any]]:
+    """The first `n` updates of the page's live stream (Server-Sent Events)."""
+    out: list[dict[str, Any]] = []
+    with urllib.request.urlopen(url, timeout=20) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for raw in r:
+            line = raw.decode()
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                if len(out) == n:
+                    break
+    return out
+
+
+@contextmanager
+def _demo_with_dashboard() -> Iterator[tuple[subprocess.Popen[str], tuple[int, int], str]]:
+    """A running demo with its dashboard on a free port: (process, workload pids, URL); none left after."""
+    demo = _start_demo(90, "--port", "0")
+    pids: tuple[int, int] | tuple[()] = ()
+    try:
+        pids = _child_pids(demo)
+        assert demo.stdout is not None
+        line = demo.stdout.readline()
+        match = DASHBOARD.search(line)
+        assert match, f"no dashboard line, got {line!r}"
+        yield demo, pids, match.group(1)
+    finally:
+        if demo.poll() is None:  # SIGTERM first: the demo's own cleanup (workloads, temp dirs) runs
+            demo.send_signal(signal.SIGTERM)
+            try:
+                demo.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.communicate(timeout=30)
+        for pid in pids:
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _wait_for_both_kpis(url: str, pids: tuple[int, int], timeout: float = 40) -> dict[str, Any]:
+    """/api/state once both workloads' hook KPIs are in it (torch takes seconds to import on a busy box)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state: dict[str, Any] = _get_json(url + "api/state")
+        procs = state["devices"][0].get("process_kpis", []) if state["devices"] else []
+        if {p["pid"] for p in procs} == set(pids) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_demo_serves_the_dashboard_from_the_same_samples() -> None:
+    with _demo_with_dashboard() as (demo, pids, url):
+        roles = {pids[0]: "demo training", pids[1]: "demo inference"}
+        # Live while the demo runs: the phase, both workloads' hook KPIs, energy and cost per phase.
+        state = _wait_for_both_kpis(url, pids)
+        dev = state["devices"][0]
+        by_pid = {p["pid"]: p for p in dev["process_kpis"]}
+        assert state["source"] == "host" and state["up"] is True
+        assert set(by_pid) == set(roles), dev
+        assert {p: by_pid[p]["label"] for p in by_pid} == roles
+        assert by_pid[pids[0]]["kpis"]["samples_per_s"] > 0 and by_pid[pids[0]]["kpis"]["step_time_p50_s"] > 0
+        assert by_pid[pids[1]]["kpis"]["requests_per_s"] > 0 and by_pid[pids[1]]["kpis"]["latency_p99_s"] > 0
+        assert dev["kpis"]  # the device's phase KPIs, from the same hooks
+        assert dev["phase"]["phase"] in {*state["phases"], "unknown"}
+        assert dev["processes"] >= 2
+        for label, e in dev["energy"]["phases"].items():  # the host has no power reading: time, no joules
+            assert e["seconds"] > 0 and set(e["cost"]) >= {"time_usd", "energy_usd", "total_usd"}, label
+        assert dev["energy"]["method"] == "none" and state["totals"]
+        # Pushed as it changes: two stream events, the second a later tick of the same sampler.
+        first, second = _stream_events(url + "api/stream", 2)
+        assert second["state"]["ticks"] > first["state"]["ticks"] >= state["ticks"]
+        page = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert "<title>phasescope" in page and "EventSource" in page
+        demo.send_signal(signal.SIGTERM)  # seen enough: end it the way a service manager would
+        out, err = demo.communicate(timeout=30)
+    assert demo.returncode == 128 + signal.SIGTERM, err
+    assert _wait_gone(pids, 1.0) == []
+    # The table is drawn from the same state as the page: its status line carries the dashboard's note.
+    assert f"dashboard: {url}" in out
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # the server stopped with the demo
+
+
+@pytest.mark.slow
+def test_demo_page_in_chromium_shows_phase_kpis_and_energy(tmp_path: Path) -> None:
+    from tests.serve.conftest import CHROMIUM, system_tool
+    from tests.serve.test_dashboard_browser import sync_playwright_or_skip
+
+    chromium = system_tool(CHROMIUM)
+    sync_playwright = sync_playwright_or_skip()
+    with _demo_with_dashboard() as (_, pids, url), sync_playwright() as pw:
+        _wait_for_both_kpis(url, pids)
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            response = page.goto(url)
+            assert response is not None and response.status == 200
+            page.wait_for_function("() => document.body.dataset.transport === 'sse'", timeout=20_000)
+            kpis = '[data-testid="phase-kpis"]'
+            page.wait_for_function(
+                f"() => /samples\\/s/.test(document.querySelector('{kpis}')?.textContent || '')"
+                f" && /req\\/s/.test(document.querySelector('{kpis}')?.textContent || '')", timeout=30_000)
+            text = page.locator(kpis).inner_text()
+            assert f"demo training {pids[0]}" in text and f"demo inference {pids[1]}" in text
+            assert page.locator('[data-testid="phase-badge"]').text_content()  # a phase (the host: unknown)
+            assert page.locator("section.device .energy tbody tr").count() >= 1  # time per phase so far
+            assert page.locator("#totals tbody tr").count() >= 1
+            start = int(page.evaluate("() => document.body.dataset.updates"))
+            page.wait_for_function(f"() => Number(document.body.dataset.updates) > {start}", timeout=10_000)
+            assert not errors, errors
+            page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
+            if os.environ.get("PHASESCOPE_DEMO_SHOT"):  # to look at it: a path to copy the picture to
+                shutil.copyfile(tmp_path / "demo.png", os.environ["PHASESCOPE_DEMO_SHOT"])
+        finally:
+            browser.close()
+
+
+def test_demo_port_taken_is_one_clear_error() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "phasescope", "demo", "--plain", "--source", "host", "--duration", "1",
+             "--port", str(port)], capture_output=True, text=True, cwd=REPO, timeout=60,
+        )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(f"phasescope: cannot listen on 127.0.0.1:{port}")
+    assert "demo: started" not in done.stdout  # nothing started: the port is checked first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,205 @@ def test_auto_without_nvml_falls_back_to_the_host(fake_nvml, shared_data: Path,
     assert "host · 1 device(s)" in captured.out
     notice = [ln for ln in captured.err.splitlines() if "NVML" in ln]
     assert len(notice) == 1 and "--source host" in notice[0]
+
+
+# ---- `top --store`: history from the live store on start, new samples written to it ----
+
+SPAR_A100 = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
+
+
+@pytest.fixture
+def no_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """PHASESCOPE_HOME in tmp: the user's own default store never leaks into a test."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("PHASESCOPE_HOME", str(home))
+    return home
+
+
+def _store_from_the_training_run(shared_data: Path, path: Path, newest_age_s: float = 5.0) -> int:
+    """Five minutes of the real training run (GPU 0 trains, GPU 1 idles) in a store; returns samples."""
+    from phasescope.store import Store
+    from tests.live_helpers import training_traces
+    from tests.test_tui import _training_rows, write_store
+
+    traces = training_traces(shared_data)
+    lo, hi = _training_rows(traces)
+    write_store(path, traces, lo, hi, time.time() - newest_age_s)
+    with Store(path, read_only=True) as store:
+        return store.count()
+
+
+def _spark(line: str) -> str:
+    """The utilisation sparkline cell of a device line (the 11th column)."""
+    return line.split("│")[11]
+
+
+def test_store_history_shows_in_the_first_table_and_new_samples_are_written(
+    shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phasescope.store import Store
+
+    path = tmp_path / "live.sqlite"
+    before = _store_from_the_training_run(shared_data, path)
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--store", str(path),
+                 "--source", spec]) == 0
+    out, err = capsys.readouterr()
+    said = [ln for ln in err.splitlines() if "history" in ln]
+    assert len(said) == 1 and f"{before} samples of 2 device(s)" in said[0] and "written to it" in said[0]
+    train, idle = _device_lines(out, 2)
+    # 30 columns of history (the replay itself starts idle): the training GPU's line is tall, not blank.
+    assert len(_spark(train).strip()) >= 28 and "█" in _spark(train) and _spark(train) != _spark(idle)
+    with Store(path, read_only=True) as store:
+        assert store.count() >= before + 2 * 2  # --once: two live ticks of two devices, written
+
+
+def test_read_only_store_and_the_default_store_are_never_written(
+    shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phasescope.store import Store, default_store_path
+
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    path = tmp_path / "live.sqlite"
+    before = _store_from_the_training_run(shared_data, path)
+    default = default_store_path()
+    default.parent.mkdir(parents=True)
+    path.rename(default)
+    for extra in (["--store", str(default), "--read-only-store"], []):  # no --store: the default, if there
+        assert main(["top", "--once", "--no-classify", "--interval", "0.1", *extra, "--source", spec]) == 0
+        out, err = capsys.readouterr()
+        said = [ln for ln in err.splitlines() if "history" in ln]
+        assert len(said) == 1 and f"{default}: {before} samples" in said[0] and "written" not in said[0]
+        assert len(_spark(_device_lines(out, 2)[0]).strip()) >= 28
+        with Store(default, read_only=True) as store:
+            assert store.count() == before
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--history", "0",
+                 "--source", spec]) == 0
+    assert "history" not in capsys.readouterr().err  # --history 0: the store is not even opened
+
+
+def test_a_store_another_process_writes_is_only_read(
+    shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While serve/record --store hold the store open for writing, top reads its history and writes
+    nothing; the entry a killed writer left behind does not count once its process is gone."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from phasescope.store import Store
+
+    path = tmp_path / "live.sqlite"
+    before = _store_from_the_training_run(shared_data, path)
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    args = ["top", "--once", "--no-classify", "--interval", "0.1", "--store", str(path), "--source", spec]
+    with Store(path) as agent:  # another writer, as `serve --store` keeps it
+        assert main(args) == 0
+        err = capsys.readouterr().err
+        assert f"process {os.getpid()} is writing it now" in err and "top only reads it" in err
+        assert agent.count() == before
+    # A writer killed outright: its entry stays, its pid does not.
+    code = (f"import os, sys; from phasescope.store import Store; s = Store({str(path)!r}); "
+            "sys.stdout.write(str(os.getpid())); sys.stdout.flush(); os._exit(0)")
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    with sqlite3.connect(path) as conn:
+        (entry,) = conn.execute("SELECT value FROM meta WHERE key='writer'").fetchone()
+    assert f'"pid": {dead}' in entry  # left behind...
+    with Store(path, read_only=True) as store:
+        assert store.active_writer() is None  # ...and ignored
+    assert main(args) == 0
+    assert "new samples are written to it" in capsys.readouterr().err
+    with Store(path, read_only=True) as store:
+        assert store.count() >= before + 4
+
+
+def _not_a_store(path: Path, shared_data: Path) -> None:
+    path.write_text("time,gpu_util\n1,2\n")
+
+
+def _newer_store(path: Path, shared_data: Path) -> None:
+    import sqlite3
+
+    _store_from_the_training_run(shared_data, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+
+
+def _damaged_store(path: Path, shared_data: Path) -> None:
+    import sqlite3
+
+    _store_from_the_training_run(shared_data, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE blocks SET data = substr(data, 1, 100) WHERE id = 1")
+
+
+def _other_devices(path: Path, shared_data: Path) -> None:
+    """The training run's GPUs plus an A100 from another machine that is not watched now."""
+    from phasescope.sources.replay import read
+    from tests.test_tui import write_store
+
+    _store_from_the_training_run(shared_data, path)
+    a100 = read(shared_data / SPAR_A100)
+    write_store(path, a100, 0, len(a100[0]), time.time() - 5.0)
+
+
+@pytest.mark.parametrize(
+    ("make", "flags", "says"),
+    [
+        (None, ["--read-only-store"], "no such store, nothing loaded"),
+        (_not_a_store, [], "store: expected a phasescope SQLite store"),
+        (_newer_store, [], "meta.schema_version: expected <= 2, got '99'"),
+        (_damaged_store, ["--read-only-store"], "got 'a damaged block': nothing loaded"),
+        (_other_devices, [], "1 device(s) in it are not watched now, left out: "),
+    ],
+)
+def test_store_problems_are_one_line_and_top_goes_on(
+    make: Callable[[Path, Path], None] | None, flags: list[str], says: str, shared_data: Path,
+    tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "live.sqlite"
+    if make is not None:
+        make(path, shared_data)
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--store", str(path), *flags,
+                 "--source", spec]) == 0
+    out, err = capsys.readouterr()
+    said = [ln for ln in err.splitlines() if says in ln]
+    assert len(said) == 1 and said[0].startswith("phasescope: history: ") and "Traceback" not in err
+    assert len(_device_lines(out, 2)) == 2  # the live table still comes
+
+
+def test_a_new_store_is_created_and_filled(
+    shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phasescope.store import Store
+
+    path = tmp_path / "new" / "live.sqlite"
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--store", str(path),
+                 "--source", spec]) == 0
+    assert "a new store, nothing to load yet; new samples are written to it" in capsys.readouterr().err
+    with Store(path, read_only=True) as store:
+        assert {d.uuid for d in store.devices()} == {
+            "GPU-42e33043-7008-2803-9ba8-9bb9ef7d0845", "GPU-bff95c83-0adb-feb7-9825-359f31b26de8"}
+        assert store.count() >= 4
+
+
+def test_bad_history_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["top", "--once", "--history", "a while", "--source", "host"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--history: duration: expected a duration like 90s" in err[0]
+
+
+def test_the_phase_comes_from_the_history_with_the_real_classifier(
+    shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay starts idle, but the store says GPU 0 trained until 5 s ago: the badge says training
+    from the first table on (the classifier ran over the history before the first sample)."""
+    path = tmp_path / "live.sqlite"
+    _store_from_the_training_run(shared_data, path)
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--interval", "0.1", "--store", str(path), "--source", spec]) == 0
+    train, idle = _device_lines(capsys.readouterr().out, 2)
+    assert re.search(r"│ +training( \d+%)? +│", train) and re.search(r"│ +idle( \d+%)? +│", idle)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import plotly
 import pytest
@@ -123,3 +125,123 @@ def test_agent_keeps_every_tick_in_the_store_for_verify(shared_data: Path, tmp_p
         got = stored[tr.device.uuid]
         assert len(got) == 40
         assert got["power"][:40].tolist() == pytest.approx(tr["power"][:40].tolist(), nan_ok=True)
+
+
+def _first_event(url: str, headers: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """(event id, data) of the first update a live /api/stream sends; the connection is then closed."""
+    import urllib.request
+
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert "content-encoding" not in r.headers  # gzip would hold events back until a buffer fills
+        fields: dict[str, str] = {}
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if not line:
+                if "data" in fields:
+                    return fields.get("id", ""), json.loads(fields["data"])
+                continue
+            key, _, value = line.partition(": ")
+            fields[key] = value
+    raise AssertionError("the stream ended before its first event")
+
+
+def test_stream_pushes_updates_resumes_from_last_event_id_and_needs_the_token(agent: Agent) -> None:
+    import urllib.error
+    import urllib.request
+
+    from phasescope.cli.serve import BackgroundServer, bind
+
+    server = BackgroundServer(build_app(agent, token=TOKEN), bind("127.0.0.1", 0), log_level="critical")
+    server.start()
+    try:
+        url = server.url + "api/stream"
+        assert TestClient(build_app(agent, token=TOKEN)).get("/api/stream").status_code == 401
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(url, timeout=10)
+        assert denied.value.code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        event_id, first = _first_event(url, auth)
+        state, history = first["state"], first["history"]
+        assert isinstance(state, dict) and isinstance(history, dict)
+        assert state["ticks"] == 90 and [d["index"] for d in state["devices"]] == [3, 4]
+        newest = max(h["t"][-1] for h in history.values())
+        assert all(len(h["t"]) == 90 for h in history.values())
+        assert float(event_id) == newest  # the id is where a reconnect resumes
+        # A reconnecting EventSource sends Last-Event-ID: only newer points come (none here), state in full.
+        _, again = _first_event(url, {**auth, "Last-Event-ID": event_id})
+        assert all(h["t"] == [] for h in again["history"].values())
+        assert again["state"]["ticks"] == 90
+        _, later = _first_event(url + f"?since={history[state['devices'][1]['uuid']]['t'][-4]}", auth)
+        assert [len(h["t"]) for h in later["history"].values()] == [3, 3]
+    finally:
+        server.stop()
+    assert not server.thread.is_alive()
+
+
+def test_stream_gzips_each_event_as_it_goes(agent: Agent) -> None:
+    """With Accept-Encoding: gzip (every browser), each event is flushed through one gzip stream: the first
+    event decodes from the bytes received so far, long before the stream ends."""
+    import http.client
+    import zlib
+
+    from phasescope.cli.serve import STOP_WAIT_S, BackgroundServer, bind
+
+    server = BackgroundServer(build_app(agent), bind("127.0.0.1", 0), log_level="critical")
+    server.start()
+    try:
+        port = server.sock.getsockname()[1]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        conn.request("GET", "/api/stream", headers={"Accept-Encoding": "gzip"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("content-encoding") == "gzip"
+        unpack = zlib.decompressobj(31)
+        text, wire = "", 0
+        while "\n\n" not in text:
+            chunk = r.read1(65536)
+            assert chunk, "the stream ended before its first event"
+            wire += len(chunk)
+            text += unpack.decompress(chunk).decode()
+        event = dict(line.split(": ", 1) for line in text.split("\n\n")[0].splitlines())
+        body = json.loads(event["data"])
+        assert body["state"]["ticks"] == 90 and float(event["id"]) > 0
+        assert wire < len(text) / 3  # compressed on the wire
+        # Stopping the server ends the open stream itself, promptly, as a complete gzip stream.
+        t0 = time.monotonic()
+        server.stop()
+        assert time.monotonic() - t0 < STOP_WAIT_S
+        while chunk := r.read1(65536):
+            unpack.decompress(chunk)
+        assert unpack.eof
+        conn.close()
+    finally:
+        server.stop()
+
+
+def test_streams_share_each_tick_encoding(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """N open streams cost one snapshot per tick, not N: the update is built once and shared."""
+    from phasescope.serve.app import _Updates
+
+    calls = {"snapshot": 0, "history": 0}
+    real_snapshot, real_history = agent.snapshot, agent.history
+
+    def snapshot() -> dict[str, Any]:
+        calls["snapshot"] += 1
+        return real_snapshot()
+
+    def history(since: float = -math.inf) -> dict[str, Any]:
+        calls["history"] += 1
+        return real_history(since)
+
+    monkeypatch.setattr(agent, "snapshot", snapshot)
+    monkeypatch.setattr(agent, "history", history)
+    updates = _Updates(agent)
+    bodies = [updates.body(7, -math.inf) for _ in range(5)]
+    assert calls == {"snapshot": 1, "history": 1} and len(set(bodies)) == 1
+    body, newest = bodies[0]
+    assert json.loads(body) == {"state": json.loads(body)["state"], "history": real_history()}
+    behind = updates.body(7, newest - 3)  # a stream that is 3 points behind gets its own history
+    assert calls == {"snapshot": 1, "history": 2} and behind[1] == newest
+    updates.body(8, newest)  # the next tick: built again
+    assert calls == {"snapshot": 2, "history": 3}

@@ -2,7 +2,9 @@
 
 The trace is a real RTX 3090 run in which GPU 4 idles for ~50 s and then the training run migrates onto it.
 Replayed at 3x, the page must load, GPU 4's phase badge must go from idle to training, and its chart must
-hold data with phase bands. The screenshot is kept under docs/img/ when PHASESCOPE_UPDATE_DOCS=1.
+hold data with phase bands, all of it pushed over the live stream (Server-Sent Events); the same page
+still updates by polling when told to (the fallback where a stream cannot open). The screenshot is kept
+under docs/img/ when PHASESCOPE_UPDATE_DOCS=1.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ BADGE = 'section.device[data-index="4"] [data-testid="phase-badge"]'
 CHART = 'section.device[data-index="4"] .chart'
 
 
-def _sync_playwright() -> Any:
+def sync_playwright_or_skip() -> Any:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -35,7 +37,7 @@ def _sync_playwright() -> Any:
 @pytest.mark.slow
 def test_badge_goes_idle_to_training_and_chart_has_data(shared_data: Path, tmp_path: Path) -> None:
     chromium = system_tool(CHROMIUM)
-    sync_playwright = _sync_playwright()
+    sync_playwright = sync_playwright_or_skip()
     src = f"replay:{shared_data / MIGRATION_RUN}?speed=3"
     args = ["--source", src, "--token", "pw-token", "--usd-per-gpu-hour", "2.5", "--usd-per-kwh", "0.12"]
     with serve_process(args, tmp_path) as url, sync_playwright() as pw:
@@ -48,6 +50,10 @@ def test_badge_goes_idle_to_training_and_chart_has_data(shared_data: Path, tmp_p
             assert response is not None and response.status == 200
             assert page.title().startswith("phasescope")
             page.wait_for_function("() => typeof Plotly !== 'undefined'", timeout=20_000)
+            # Updates come over the stream (EventSource, with the token's cookie), not by polling.
+            page.wait_for_function("() => document.body.dataset.transport === 'sse'", timeout=20_000)
+            polls: list[str] = []
+            page.on("request", lambda r: polls.append(r.url) if "/api/update" in r.url else None)
             # Idle first (the GPU sits unused while the run starts on GPU 3) ...
             page.wait_for_function(f"() => document.querySelector('{BADGE}')?.textContent === 'idle'",
                                    timeout=30_000)
@@ -67,11 +73,19 @@ def test_badge_goes_idle_to_training_and_chart_has_data(shared_data: Path, tmp_p
             assert page.locator("#totals tbody tr").count() >= 2  # energy and cost per phase
             assert "$" in page.locator("#totals").inner_text()
             assert not errors, errors
+            assert polls == []  # every update above came over the stream
+            assert page.evaluate("() => document.body.dataset.transport") == "sse"
             shot = tmp_path / "dashboard.png"
             page.wait_for_timeout(1500)  # let one more update land so the picture is settled
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 20_000
             if os.environ.get("PHASESCOPE_UPDATE_DOCS") == "1":
                 shutil.copyfile(shot, REPO / "docs" / "img" / "dashboard.png")
+            # The fallback: the same page, polling, still goes live.
+            polled = browser.new_page()
+            polled.goto(url + "?token=pw-token&transport=poll")
+            polled.wait_for_function("() => Number(document.body.dataset.updates || 0) >= 2", timeout=20_000)
+            assert polled.evaluate("() => document.body.dataset.transport") == "poll"
+            assert polled.locator(BADGE).text_content() in PHASE_COLOURS
         finally:
             browser.close()

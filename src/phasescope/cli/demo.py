@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import signal
+import socket
 import sys
+import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
-from phasescope.cli.top import open_watched, run_live
+from phasescope.cli.top import _watch, open_watched
 from phasescope.demo.children import DemoChildren
+from phasescope.errors import SourceError
+
+if TYPE_CHECKING:
+    from phasescope.cli.serve import BackgroundServer
+    from phasescope.config import Config
+    from phasescope.serve.agent import Agent
+
+WEB_HOST = "127.0.0.1"  # the demo has no token option: its page stays on this machine
+WEB_MODULES = ("starlette", "uvicorn", "plotly", "prometheus_client")  # the web extra
 
 
 def _exit_on_sigterm() -> None:
@@ -22,6 +35,29 @@ def _exit_on_sigterm() -> None:
     with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, handler)
+
+
+def _listen(port: int | None, default_port: int, say: list[str]) -> socket.socket:
+    """The dashboard's socket: `--port` exactly (0: a free one), else the config's port, else a free one."""
+    from phasescope.cli.serve import bind
+
+    if port is not None:
+        return bind(WEB_HOST, port)
+    try:
+        return bind(WEB_HOST, default_port)
+    except SourceError as exc:  # e.g. `phasescope serve` already holds it: the demo need not fail for that
+        say.append(f"{exc}; the dashboard takes a free port instead")
+        return bind(WEB_HOST, 0)
+
+
+def _dashboard(agent: Agent, cfg: Config, sock: socket.socket, quiet: bool) -> BackgroundServer:
+    from phasescope.cli.serve import BackgroundServer, pricing_note
+    from phasescope.serve.app import build_app
+
+    app = build_app(agent, pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh))
+    server = BackgroundServer(app, sock, log_level="critical" if quiet else "warning")
+    server.start()
+    return server
 
 
 @click.command("demo")
@@ -37,31 +73,53 @@ def _exit_on_sigterm() -> None:
               help="Mean inference requests per second (Poisson arrivals).")
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
               help="Training batch size.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port of the web dashboard on 127.0.0.1 (default: the config file's, 9464, or a free one "
+                   "when that is taken; 0 = a free one).")
+@click.option("--web/--no-web", default=True, show_default=True,
+              help="Also serve the web dashboard (the page of `phasescope serve`) from the same samples.")
 def command(
-    duration: float | None, plain: bool, interval: float, source_spec: str, rate: float, batch: int
+    duration: float | None, plain: bool, interval: float, source_spec: str, rate: float, batch: int,
+    port: int | None, web: bool,
 ) -> None:
-    """Live view of this machine with two real PyTorch workloads running beside it.
+    """Live view of this machine with two real PyTorch workloads running beside it, in the terminal and
+    on a web dashboard.
 
     Starts a training loop (MLP + AdamW on synthetic data) and an inference loop fed by Poisson-arrival
     requests, one thread each at lowered priority. Without NVML the host is watched and the workloads
     show up as its process sub-rows; with NVML the GPUs are watched, and the workloads run on a GPU when
-    the installed PyTorch can use one (else on the CPU). Both stop when the demo ends.
+    the installed PyTorch can use one (else on the CPU). One sampler feeds both the terminal view and
+    the dashboard (http://127.0.0.1:9464/ by default; its URL is printed and shown in the status line).
+    Everything stops when the demo ends.
 
     \b
     Examples:
-      phasescope demo                          # full screen; q or Ctrl-C ends it
+      phasescope demo                          # full screen + dashboard; q or Ctrl-C ends it
       phasescope demo --duration 10 --plain    # headless, prints a table each second
+      phasescope demo --port 8080              # dashboard at http://127.0.0.1:8080/
+      phasescope demo --no-web                 # terminal only
     """
+    from phasescope import config as configmod
+    from phasescope.live_annotate import HookKpiReader
+    from phasescope.live_classify import LiveClassifier
+    from phasescope.serve.agent import Agent
+
     DemoChildren.require_torch()
     plain = plain or not sys.stdout.isatty()  # no terminal to draw on: print tables instead
+    cfg = configmod.load(None)
     notices: list[str] = []
+    sock = None
+    if web:
+        missing = [m for m in WEB_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            notices.append(f"no dashboard: {', '.join(missing)} missing: pip install 'phasescope[web]'")
+        else:
+            sock = _listen(port, cfg.serve.port, notices)  # before the workloads: a bad --port starts nothing
     source = open_watched(source_spec, notices.append, host_row=True)
-    if plain:
-        for line in notices:
-            click.echo(f"phasescope: {line}", err=True)
     # Put the workloads on a GPU only when we are watching GPUs; the children decide if CUDA works.
     device = "auto" if source.name.startswith("nvml") else "cpu"
     children = DemoChildren()
+    server = None
     _exit_on_sigterm()
     try:
         children.start(device=device, rate=rate, batch=batch)
@@ -69,14 +127,35 @@ def command(
         watch = getattr(source, "watch", None)
         if callable(watch):  # the host source: sample them from the first tick, before torch is loaded
             watch(roles)
+        hooks = HookKpiReader(children.events_dir, consume=True) if children.events_dir else None
+        # One agent samples for both views: the terminal reads its state, the page its snapshots.
+        agent = Agent(source, interval, classifier=LiveClassifier(), prices=cfg.prices,
+                      idle_util=cfg.thresholds.idle_util, gap_factor=cfg.thresholds.energy_gap_factor,
+                      hooks=hooks)
+        agent.state.process_labels.update(roles)
+        # Parse the model's boosters beside the first ticks rather than before them (seconds).
+        threading.Thread(target=agent.classifier.warm_up, name="phasescope-warm-up", daemon=True).start()
+        if sock is not None:
+            server = _dashboard(agent, cfg, sock, quiet=not plain)
+            notices.append(f"dashboard: {server.url}")
+        for line in notices:
+            agent.state.note(line)
         if plain:
+            for line in notices:
+                click.echo(f"phasescope: {line}", err=True)
             listing = ", ".join(f"{role} pid {pid}" for pid, role in children.pids().items())
             click.echo(f"demo: started {listing}; logs in {children.log_dir}")
-        events = str(children.events_dir) if children.events_dir else None
-        run_live(source, interval, duration=duration, mode="plain" if plain else "tui", process_labels=roles,
-                 notices=notices, events_dir=events, consume_events=True)
+            if server is not None:
+                click.echo(f"demo: dashboard at {server.url}", nl=True)
+            sys.stdout.flush()
+        _watch(agent.state, source, interval, "plain" if plain else "tui", duration, "order", "", None,
+               sample=lambda stop, seconds: agent.run(stop, seconds, warm=False))
         problems = children.failed()
     finally:
+        if server is not None:
+            server.stop()
+        elif sock is not None:
+            sock.close()
         children.stop()
     for line in problems:
         click.echo(f"demo: {line}", err=True)

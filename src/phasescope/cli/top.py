@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
+import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import numpy as np
 
 from phasescope.cli.cost import _config, _price_options
-from phasescope.errors import SourceError
+from phasescope.errors import InputError, SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
 from phasescope.kpi.cost import Prices
-from phasescope.live_state import SORT_KEYS, LiveState, feed
-from phasescope.schema import DeviceInfo
-from phasescope.sources.base import LiveSource
+from phasescope.live_state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
+from phasescope.schema import DeviceInfo, Trace
+from phasescope.sources.base import LiveSource, TickBatch
+from phasescope.timespec import parse_duration
 
 if TYPE_CHECKING:
     from phasescope.config import Config
     from phasescope.live_annotate import ScrapeKpiReader
+    from phasescope.live_classify import LiveClassifier
+    from phasescope.store import Store
 
 ONCE_TICKS = 2  # per-process CPU % needs two readings
 PLAIN_WIDTH = 300  # columns when stdout is a file or pipe: one line per row, nothing cut
+DEFAULT_HISTORY_S = 600.0  # what `top --store` loads on start (--history)
+MAX_RING = 7200  # samples per device held for a long --history (2 h at 1 Hz; ~1.7 MB a device)
+BACKFILL_S = 300.0  # the classifier replays at most this much of the loaded history: bounded start-up work
 
 
 def plain_console_width() -> int:
@@ -51,37 +63,72 @@ def run_live(
     annotate: Callable[[LiveState], None] | None = None,
     scrapes: Sequence[str] = (),
     consume_events: bool = False,
+    store: str | Path | None = None,
+    history_s: float = DEFAULT_HISTORY_S,
+    store_write: bool = True,
 ) -> LiveState:
     """Watch `source` in one of three modes: "tui" (full screen), "plain" (a table per tick), "once".
 
     With `classify`, each device gets its phase from the live classifier; with `events_dir` (default:
     $PHASESCOPE_EVENTS_DIR), hook KPIs; with `scrapes` (URL[@INDEX]), a serving engine's KPIs. `prices`
     (default: the config file's) turn metered energy into cost. `annotate` replaces the classifier and
-    the KPI readers (tests). The source is closed when sampling ends. Returns the state.
+    the KPI readers (tests). With `store` (a live store's path), the watched devices' last `history_s`
+    seconds in it are loaded before the first sample, and with `store_write` every new tick is written to
+    it (see `open_history`). The source is closed when sampling ends. Returns the state.
     """
     if prices is None:  # not given: the config file's, per device model (none set -> energy without cost)
         from phasescope import config as configmod
 
         prices = device_prices(configmod.load(None), None, None)
-    state = LiveState(source.name, prices=prices, idle_util=idle_util)
+    said: list[str] = []
+    history = None
+    if store is not None:
+        history = open_history(Path(store), source.devices(), history_s, store_write, said.append)
+    capacity = DEFAULT_HISTORY if history is None else history.capacity(history_s, interval_s)
+    state = LiveState(source.name, capacity, prices=prices, idle_util=idle_util)
     state.process_labels.update(process_labels or {})
     for line in notices:
         state.note(line)
+    if history is not None and history.traces:
+        state.preload(history.traces, source.devices())
+    for line in said:
+        state.note(line)
+        if mode != "tui":
+            click.echo(f"phasescope: {line}", err=True)
     scrapers = [scrape_reader(spec) for spec in scrapes]
     if annotate is None:
         annotate = make_annotator(state, classify, events_dir or os.environ.get(EVENTS_DIR_ENV) or None,
                                   scrapers, consume_events)
+    before = None
+    classifier = getattr(annotate, "classifier", None)  # an Annotator's; a test's own annotate has none
+    if history is not None and history.traces and classifier is not None:
+        def before() -> None:
+            backfill_phases(state, classifier)
+    sink = history.writer.ingest if history is not None and history.writer is not None else None
     for scraper in scrapers:
         scraper.start()
     try:
-        return _watch(state, source, interval_s, mode, duration, sort, filter_text, annotate)
+        return _watch(state, source, interval_s, mode, duration, sort, filter_text, annotate,
+                      before=before, sink=sink)
     finally:
         for scraper in scrapers:
             scraper.stop()
+        if history is not None:
+            history.close()
 
 
 def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, duration: float | None,
-           sort: str, filter_text: str, annotate: Callable[[LiveState], None] | None) -> LiveState:
+           sort: str, filter_text: str, annotate: Callable[[LiveState], None] | None,
+           sample: Callable[[threading.Event, float | None], None] | None = None, *,
+           before: Callable[[], None] | None = None,
+           sink: Callable[[TickBatch], None] | None = None) -> LiveState:
+    """Show `state` while `sample(stop, duration)` fills it (default: `feed` from `source`, with `before`
+    and `sink` as in `feed`; the demo's dashboard agent passes its own, so the view and the page read one
+    sampler)."""
+    if sample is None:
+        def sample(ev: threading.Event, seconds: float | None) -> None:
+            feed(state, source, interval_s, ev, duration=seconds, annotate=annotate, before=before, sink=sink)
+
     stop = threading.Event()
     if mode == "tui":
         try:
@@ -96,7 +143,7 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
 
         app = TopApp(
             state,
-            lambda ev: feed(state, source, interval_s, ev, duration=None, annotate=annotate),
+            lambda ev: sample(ev, None),
             duration=duration,
             sort=sort,
             filter_text=filter_text,
@@ -115,10 +162,7 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
     width = plain_console_width()
     console = Console(width=width) if width else Console()
 
-    def sample() -> None:
-        feed(state, source, interval_s, stop, duration=duration, annotate=annotate)
-
-    worker = threading.Thread(target=sample, name="phasescope-sampler", daemon=True)
+    worker = threading.Thread(target=sample, args=(stop, duration), name="phasescope-sampler", daemon=True)
     worker.start()
     drawn = state.version
     try:
@@ -188,6 +232,133 @@ def make_annotator(
     return Annotator(classifier, hooks, scrapes)
 
 
+@dataclass
+class HistoryLoad:
+    """What `top` took from a live store on start: history traces, and the store it writes to (if any)."""
+
+    path: Path
+    traces: list[Trace]
+    writer: Store | None = None
+
+    def capacity(self, history_s: float, interval_s: float) -> int:
+        """Ring size: the whole --history at the sampling rate, or all that was loaded (within MAX_RING)."""
+        loaded = max((len(t) for t in self.traces), default=0)
+        return int(min(MAX_RING, max(DEFAULT_HISTORY, math.ceil(history_s / interval_s), loaded)))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _problem(path: Path, exc: Exception) -> str:
+    """An InputError names the file itself; SQLite's and the OS's errors do not."""
+    return str(exc) if isinstance(exc, InputError) else f"{path}: {exc}"
+
+
+def _short_uuid(uuid: str) -> str:
+    return uuid if len(uuid) <= 16 else uuid[:15] + "…"
+
+
+def open_history(
+    path: Path,
+    devices: Sequence[DeviceInfo],
+    history_s: float,
+    write: bool,
+    say: Callable[[str], None],
+    now: float | None = None,
+) -> HistoryLoad | None:
+    """Open the live store at `path` for `top`: the last `history_s` seconds (up to `now`) of the watched
+    `devices`, and, with `write`, the store to write new ticks to.
+
+    Nothing here stops `top`: a missing file (created when writing, else skipped), a file that is not a
+    store or is of a newer layout, devices in it that are not watched now, and a store another process
+    writes now (`serve`/`record --store`: then `top` only reads it, so no device gets two writers) each
+    give one line through `say`. None when nothing is usable.
+    """
+    from phasescope.store import Store
+
+    now = time.time() if now is None else now
+    where = f"history: {path}"
+    exists = path.is_file()
+    if not exists and not write:
+        say(f"{where}: no such store, nothing loaded (phasescope serve/record --store PATH writes one)")
+        return None
+    try:
+        reader = Store(path, read_only=True) if exists else None
+    except InputError as exc:
+        say(f"history: {exc}: going on without the store")
+        return None
+    traces: list[Trace] = []
+    other = None
+    failed = False
+    try:
+        if reader is not None:
+            other = reader.active_writer() if write else None
+            if history_s > 0:
+                traces = reader.query(start=now - history_s, end=now)  # later stamps: a replay ran ahead
+    except (InputError, sqlite3.Error) as exc:  # e.g. a damaged block, a malformed page
+        say(f"history: {_problem(path, exc)}: nothing loaded")
+        failed = True
+    finally:
+        if reader is not None:
+            reader.close()
+    watched = {d.uuid for d in devices}
+    others = sorted({t.device.uuid for t in traces} - watched)
+    if others:
+        names = ", ".join(_short_uuid(u) for u in others[:3]) + (f" and {len(others) - 3} more"
+                                                                  if len(others) > 3 else "")
+        say(f"{where}: {len(others)} device(s) in it are not watched now, left out: {names}")
+    traces = [t for t in traces if t.device.uuid in watched]
+    writer = None
+    if write:
+        if other is not None:
+            say(f"{where}: process {other['pid']} is writing it now (serve or record --store?): "
+                "top only reads it")
+        else:
+            try:
+                writer = Store(path)
+            except (InputError, OSError, sqlite3.Error) as exc:
+                say(f"history: {_problem(path, exc)}: new samples are not stored")
+    writing = "; new samples are written to it" if writer is not None else ""
+    if traces:
+        n = sum(len(t) for t in traces)
+        span = now - min(float(t.time[0]) for t in traces)
+        say(f"{where}: {n} samples of {len(traces)} device(s) from the last {span / 60:.1f} min{writing}")
+    elif not exists:
+        say(f"{where}: a new store, nothing to load yet{writing}")
+    elif not failed and history_s > 0:
+        say(f"{where}: nothing from the last {history_s / 60:g} min for the watched devices{writing}")
+    if not traces and writer is None:
+        return None
+    return HistoryLoad(path, traces, writer)
+
+
+def backfill_phases(state: LiveState, classifier: LiveClassifier) -> None:
+    """Run the live classifier over the preloaded history on its own clock, as if it had come live, so the
+    phase, its confidence and its start show before the first new sample.
+
+    The last BACKFILL_S seconds only; in the newest window every `every_s` as live, before it every half
+    window (each run judges a whole window, so the older phases and their start are still seen, to half a
+    window, at a fraction of the runs).
+    """
+    spans = [t[np.isfinite(t)] for t in (state.history_times(u) for u in state.device_uuids())]
+    spans = [t for t in spans if t.size]
+    if not spans:
+        return
+    end = max(float(t[-1]) for t in spans)
+    start = max(min(float(t[0]) for t in spans), end - BACKFILL_S)
+    every = classifier.every_s
+    stride = max(every, classifier.window_s / 2)
+    recent = max(start, end - classifier.window_s)
+    older = np.arange(start + stride, recent, stride)
+    for now in [*older.tolist(), *np.arange(recent + every, end, every).tolist(), end]:
+        classifier.update(state, now=now)
+    for uuid in state.device_uuids():
+        r = classifier.reading(uuid)
+        if r is not None:
+            state.set_phase(uuid, r.phase, r.confidence, r.since)
+
+
 @click.command("top")
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
@@ -206,6 +377,14 @@ def make_annotator(
 @click.option("--events", "events_dir", default=None, type=click.Path(file_okay=False, path_type=str),
               help="Hook events directory for step time, samples/s, MFU, req/s, latency "
                    "(default: $PHASESCOPE_EVENTS_DIR).")
+@click.option("--store", "store_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Live store (SQLite; what serve/record --store write): load recent history from it on "
+                   "start, and write every new sample to it. Default: read-only history from "
+                   "$PHASESCOPE_HOME/live.sqlite (else ~/.local/share/phasescope/live.sqlite) if it exists.")
+@click.option("--history", "history_text", default="10m", show_default=True, metavar="DURATION",
+              help="How much history to load from the store on start (90s, 10m, 1h; 0 = none).")
+@click.option("--read-only-store", is_flag=True,
+              help="Only read history from --store; write nothing to it.")
 @click.option("--scrape", "scrapes", multiple=True, metavar="URL[@INDEX]",
               help="A vLLM / TGI / Triton /metrics URL: requests/s and p50/p99 latency for the GPU at INDEX "
                    "(or uuid; the only device when omitted). Repeatable.")
@@ -220,6 +399,9 @@ def command(
     filter_text: str,
     classify: bool,
     events_dir: str | None,
+    store_path: Path | None,
+    history_text: str,
+    read_only_store: bool,
     scrapes: tuple[str, ...],
     price_gpu_hour: float | None,
     price_kwh: float | None,
@@ -235,7 +417,15 @@ def command(
       phasescope top --source replay:run.parquet?speed=10 --price-gpu-hour 2.5
       phasescope top --events ./events    # with KPIs from `phasescope run` hooks
       phasescope top --scrape http://localhost:8000/metrics@0   # vLLM serving on GPU 0
+      phasescope top --store live.sqlite --history 30m          # history after a restart
     """
+    history_s = parse_duration(history_text, "--history", allow_zero=True)
+    store_write = not read_only_store
+    if store_path is None:
+        from phasescope.store import default_store_path
+
+        default = default_store_path()  # read when there, never created: nobody asked to keep samples
+        store_path, store_write = (default, False) if default.is_file() and history_s > 0 else (None, False)
     cfg = _config(config_path, price_gpu_hour, price_kwh)
     notices: list[str] = []
     source = open_watched(source_spec, notices.append, host_row=False)
@@ -246,7 +436,8 @@ def command(
     run_live(source, interval, duration=duration, mode=mode, sort=sort, filter_text=filter_text,
              notices=notices, classify=classify, events_dir=events_dir,
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
-             idle_util=cfg.thresholds.idle_util, scrapes=scrapes)
+             idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,
+             store_write=store_write)
 
 
 def open_watched(spec: str, say: Callable[[str], None], host_row: bool) -> LiveSource:

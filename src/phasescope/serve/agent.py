@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from phasescope.config import PriceConfig
-from phasescope.kpi.cost import cost_of
+from phasescope.kpi.cost import Prices, cost_of
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.live_annotate import Annotator, HookKpiReader
 from phasescope.live_classify import LiveClassifier, PhaseReading, device_info
-from phasescope.live_state import LiveState
+from phasescope.live_state import LiveState, Row
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
@@ -60,7 +60,7 @@ class Agent:
         self.source = source
         self.interval_s = float(interval_s)
         self.prices = prices or PriceConfig()
-        self.state = LiveState(source.name, capacity=history_ticks, prices=self.prices.default(),
+        self.state = LiveState(source.name, capacity=history_ticks, prices=self._device_prices,
                                idle_util=idle_util)
         self.classifier = classifier if classifier is not None else LiveClassifier()
         self.hooks = hooks
@@ -77,12 +77,16 @@ class Agent:
         self._lock = threading.Lock()  # guards self.energy
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sampling = False
         self._last_tick_mono = math.nan
+
+    def _device_prices(self, info: DeviceInfo) -> Prices:
+        return self.prices.for_device(info.name)
 
     # ---- lifecycle ----
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="phasescope-sampler", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="phasescope-sampler", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -92,16 +96,26 @@ class Agent:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._sampling
 
-    def _run(self) -> None:
+    def run(
+        self, stop: threading.Event | None = None, duration: float | None = None, warm: bool = True
+    ) -> None:
+        """Sample until `stop` (or `stop()`) is set or `duration` has passed, then close the source. Blocks:
+        `start()` runs it in a thread; a view that owns the sampling thread (the demo's TUI) calls it there.
+        `warm=False` when the classifier is being warmed elsewhere (its update waits for it)."""
+        if stop is not None:  # the view's event: it and stop() both end sampling
+            self._stop = stop
+        self._sampling = True
         try:
-            self.classifier.warm_up()  # parse the model now, not inside the first ticks (it takes ~2 s)
-            self.sampler.run(self.on_tick, stop=self._stop)
+            if warm:
+                self.classifier.warm_up()  # parse the model now, not inside the first ticks (it takes ~2 s)
+            self.sampler.run(self.on_tick, duration=duration, stop=self._stop)
         except Exception as exc:  # the server must outlive its source and say why sampling stopped
             self.failure = f"sampling stopped: {type(exc).__name__}: {exc}"
             self.state.note(self.failure)
         finally:
+            self._sampling = False
             try:
                 self.source.close()
             except Exception as exc:
@@ -166,9 +180,11 @@ class Agent:
         """Everything the dashboard shows now, as JSON-ready data (the /api/state body)."""
         energy = self.energy_by_device()
         methods = self.energy_methods()
-        procs = Counter(r.device_uuid for r in self.state.rows() if r.kind == "process")
+        rows = self.state.rows()
+        procs = Counter(r.device_uuid for r in rows if r.kind == "process")
         idle_held = self.state.idle_held()
         kpis = dict(self.hooks.device) if self.hooks is not None else {}
+        proc_kpis = self._process_kpis(rows)
         devices = []
         totals: dict[str, dict[str, float]] = {}
         for info, latest, reading, lost in self.devices():
@@ -192,6 +208,7 @@ class Agent:
                 "processes": procs[info.uuid],
                 "idle_held": info.uuid in idle_held,
                 "kpis": {k: _num(v) for k, v in kpis.get(info.uuid, {}).items()},
+                "process_kpis": proc_kpis.get(info.uuid, []),
                 "energy": {"method": methods.get(info.uuid, "none"), "phases": phases},
                 "priced": prices.priced,
             })
@@ -211,6 +228,21 @@ class Agent:
             "idle_held": idle_held,
             "totals": {k: {kk: _num(vv, 4) for kk, vv in v.items()} for k, v in sorted(totals.items())},
         }
+
+    def _process_kpis(self, rows: list[Row]) -> dict[str, list[dict[str, Any]]]:
+        """uuid -> [{pid, label, kpis}] for the processes a hooked run reports on (e.g. the demo's two)."""
+        by_pid = dict(self.hooks.process) if self.hooks is not None else {}
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            pid_text = r.key.rpartition("/")[2]
+            if r.kind != "process" or not pid_text.isdigit() or int(pid_text) not in by_pid:
+                continue
+            pid = int(pid_text)
+            out.setdefault(r.device_uuid, []).append({
+                "pid": pid, "label": self.state.process_labels.get(pid, ""),
+                "kpis": {k: _num(v) for k, v in by_pid[pid].items()},
+            })
+        return out
 
     def history(self, since: float = -math.inf) -> dict[str, Any]:
         """Chart data newer than `since` (data clock), per device: times, CHART_SIGNALS and phase bands."""

@@ -1,4 +1,9 @@
-"""The Starlette app of `phasescope serve`: dashboard page, JSON API, plotly.js and `/metrics`.
+"""The Starlette app of `phasescope serve`: dashboard page, JSON API, live stream, plotly.js and `/metrics`.
+
+`/api/stream` is the page's live feed: Server-Sent Events, one `/api/update` body per new tick, each with
+the newest chart time as its event id, so a reconnecting EventSource resumes where it was (Last-Event-ID).
+It is gzipped by itself, flushed after each event (GZipMiddleware would hold events back), with one
+compressor for the whole connection, so each update compresses against the ones before it.
 
 Auth: with a token, every route needs it (`Authorization: Bearer TOKEN`, or `?token=TOKEN` once, which
 sets an HttpOnly same-site cookie so the page's own requests carry it). `/metrics` follows its own switch:
@@ -7,10 +12,13 @@ public by default (Prometheus scrapes it), or token-protected with `metrics_toke
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
-from collections.abc import Awaitable, Callable
+import threading
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -20,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from phasescope.serve.agent import CHART_SIGNALS, Agent
@@ -29,6 +37,7 @@ from phasescope.serve.exposition import TextWriter
 from phasescope.serve.page import render
 
 COOKIE = "phasescope_token"
+KEEPALIVE_S = 15.0  # a comment line this often on a quiet stream, so proxies and browsers keep it open
 PLOTLY_PATH = "static/plotly.min.js"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -67,10 +76,13 @@ def _guard(endpoint: Endpoint, token: str | None) -> Endpoint:
     return guarded
 
 
-def _json(data: Any) -> Response:
+def _dumps(data: Any) -> str:
     # allow_nan=False: a NaN that slipped through is a bug to see, not invalid JSON to ship.
-    body = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+    return json.dumps(data, separators=(",", ":"), allow_nan=False)
+
+
+def _json(data: Any) -> Response:
+    return Response(_dumps(data), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 def _since(request: Request) -> float:
@@ -83,6 +95,71 @@ def _since(request: Request) -> float:
     return value
 
 
+def _resume_from(request: Request) -> float:
+    """Where a stream starts: after the Last-Event-ID a reconnecting EventSource sends, else `?since=`."""
+    last = request.headers.get("last-event-id", "")
+    try:
+        value = float(last)
+    except ValueError:
+        return _since(request)
+    return value if math.isfinite(value) else _since(request)
+
+
+def _newest(history: dict[str, Any], since: float) -> float:
+    ends = [h["t"][-1] for h in history.values() if h["t"]]
+    return max([since, *ends])
+
+
+class _Updates:
+    """Each tick's update encoded once for every open stream: the state once per tick, the history once per
+    (tick, since), which streams that have kept up all share. Used from the event loop only."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.version = -1
+        self.state = ""
+        self.history: dict[float, tuple[str, float]] = {}
+
+    def body(self, version: int, since: float) -> tuple[str, float]:
+        """(the update's JSON, its newest chart time) for a stream that holds points up to `since`."""
+        if version != self.version:
+            self.version, self.state, self.history = version, _dumps(self.agent.snapshot()), {}
+        hit = self.history.get(since)
+        if hit is None:
+            history = self.agent.history(since)
+            hit = self.history[since] = (_dumps(history), _newest(history, since))
+        return f'{{"state":{self.state},"history":{hit[0]}}}', hit[1]
+
+
+async def _events(
+    agent: Agent, updates: _Updates, since: float, period_s: float, closing: threading.Event
+) -> AsyncIterator[str]:
+    """An update whenever the agent's state moved (checked every `period_s`), a keep-alive otherwise;
+    ends when the server is `closing`, so it can stop without cancelling the stream."""
+    seen = -1
+    quiet = 0.0
+    while not closing.is_set():
+        version = agent.state.version
+        if version != seen:
+            seen = version
+            body, since = updates.body(version, since)
+            yield f"id: {since!r}\ndata: {body}\n\n"
+            quiet = 0.0
+        elif quiet >= KEEPALIVE_S:
+            yield ": keep-alive\n\n"
+            quiet = 0.0
+        await asyncio.sleep(period_s)
+        quiet += period_s
+
+
+async def _gzipped(events: AsyncIterator[str]) -> AsyncIterator[bytes]:
+    """`events` as one gzip stream, flushed after each so the browser can decode it as it arrives."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip header and trailer
+    async for event in events:
+        yield packer.compress(event.encode()) + packer.flush(zlib.Z_SYNC_FLUSH)
+    yield packer.flush()  # the server is closing: end the gzip stream properly
+
+
 def build_app(
     agent: Agent,
     *,
@@ -93,6 +170,8 @@ def build_app(
 ) -> Starlette:
     """The web app over a running (or about to run) `agent`."""
     registry = registry_for(agent, host_label)
+    closing = threading.Event()  # set by the server as it stops (cli/serve.py): open streams end
+    updates = _Updates(agent)
     writer = TextWriter()
     refresh_ms = int(min(1000.0, max(250.0, agent.interval_s * 1000.0)))
     page = render(
@@ -130,6 +209,18 @@ def build_app(
             return PlainTextResponse("phasescope: since: expected a number (Unix seconds)\n", status_code=400)
         return _json({"state": agent.snapshot(), "history": agent.history(since)})
 
+    async def stream(request: Request) -> Response:
+        try:
+            since = _resume_from(request)
+        except ValueError:
+            return PlainTextResponse("phasescope: since: expected a number (Unix seconds)\n", status_code=400)
+        events = _events(agent, updates, since, refresh_ms / 1000.0, closing)
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", "Vary": "Accept-Encoding"}
+        if "gzip" in request.headers.get("accept-encoding", "").lower():
+            headers["Content-Encoding"] = "gzip"
+            return StreamingResponse(_gzipped(events), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
     async def metrics(request: Request) -> Response:
         return Response(writer.render(registry.collect()), media_type=CONTENT_TYPE_LATEST)
 
@@ -142,7 +233,10 @@ def build_app(
         Route("/api/state", _guard(state, token)),
         Route("/api/history", _guard(history, token)),
         Route("/api/update", _guard(update, token)),
+        Route("/api/stream", _guard(stream, token)),
         Route("/healthz", _guard(health, token)),
         Route("/metrics", _guard(metrics, token if metrics_token else None)),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024)])
+    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024)])
+    app.state.closing = closing
+    return app

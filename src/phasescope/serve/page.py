@@ -1,9 +1,11 @@
 # ruff: noqa: E501  (the page is one HTML/JS document; its lines follow JS, not Python, layout)
-"""The dashboard page: one HTML document whose script polls `/api/update` and redraws with plotly.js.
+"""The dashboard page: one HTML document that follows `/api/stream` (Server-Sent Events) and redraws with
+plotly.js, polling `/api/update` instead where the stream cannot open (no EventSource, a proxy that drops it).
 
 plotly.js is served from the installed `plotly` wheel (`/static/plotly.min.js`), so nothing is vendored here.
-Each poll asks only for chart points newer than the last one it holds (`?since=`), so an update carries
-the new ticks, the current state and the phase bands, not the whole history again.
+Each update carries only the chart points newer than the last one the page holds (the stream keeps that
+point itself, and gets it back as Last-Event-ID on a reconnect; a poll sends `?since=`), the current state
+and the phase bands, not the whole history again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ _TEMPLATE = """<!doctype html>
  .badge { display: inline-block; padding: 2px 10px; border-radius: 10px; color: #fff; font-weight: 600; }
  .kpis { display: flex; flex-wrap: wrap; gap: 8px 18px; margin: 6px 0; font-size: 13px; }
  .kpis b { font-size: 15px; }
+ .hook-kpis { display: flex; flex-wrap: wrap; gap: 4px 18px; margin: 2px 0 6px; font-size: 13px; }
+ .hook-kpis:empty { display: none; }
+ .hook-kpis .who { color: #667; }
  .device-head { display: flex; gap: 12px; align-items: baseline; flex-wrap: wrap; }
  .muted { color: #667; font-size: 12px; }
  .held { color: #c0392b; font-weight: 600; }
@@ -78,6 +83,19 @@ function dur(s) {
 }
 function energy(j) { return j === null ? "–" : (j >= 3.6e5 ? (j / 3.6e6).toFixed(3) + " kWh" : (j / 1000).toFixed(1) + " kJ"); }
 function usd(c) { return c.total_usd === null ? "not priced" : "$" + c.total_usd.toFixed(c.total_usd < 1 ? 4 : 2); }
+function phaseKpis(k, who) {
+  const parts = [];
+  const ms = s => s < 0.001 ? (s * 1e6).toFixed(0) + " µs" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms";
+  if (k.step_time_p50_s != null) parts.push(["step", ms(k.step_time_p50_s)]);
+  if (k.samples_per_s != null) parts.push(["samples/s", k.samples_per_s.toFixed(0)]);
+  if (k.mfu != null) parts.push(["MFU", (k.mfu * 100).toFixed(1) + " %"]);
+  if (k.requests_per_s != null) parts.push(["req/s", k.requests_per_s.toFixed(1)]);
+  if (k.latency_p50_s != null) parts.push(["p50", ms(k.latency_p50_s)]);
+  if (k.latency_p99_s != null) parts.push(["p99", ms(k.latency_p99_s)]);
+  if (!parts.length) return "";
+  const head = who ? `<span class="who">${esc(who)}</span>` : "";
+  return `<span data-kpis="${esc(who || "device")}">${head} ` + parts.map(([n, v]) => `${n} <b>${v}</b>`).join(" · ") + "</span>";
+}
 function esc(s) { return String(s).replace(/[&<>"]/g, ch => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[ch])); }
 
 function card(dev) {
@@ -90,13 +108,14 @@ function card(dev) {
   el.innerHTML = `<div class="device-head"><h2>${esc(idx + (dev.name || "device"))}</h2>
     <span class="badge" data-testid="phase-badge"></span><span class="conf muted"></span>
     <span class="since muted"></span><span class="held"></span><span class="muted">${esc(dev.uuid)}</span></div>
-    <div class="cols"><div><div class="kpis"></div><div class="chart"></div></div>
+    <div class="cols"><div><div class="hook-kpis" data-testid="phase-kpis"></div><div class="kpis"></div><div class="chart"></div></div>
     <div><table class="energy"><thead><tr><th>phase</th><th>time</th><th>energy</th><th>cost</th></tr></thead>
     <tbody></tbody></table><div class="muted method"></div></div></div>`;
   document.getElementById("devices").appendChild(el);
   cards[dev.uuid] = {
     el, badge: el.querySelector(".badge"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
     held: el.querySelector(".held"), kpis: el.querySelector(".kpis"), chart: el.querySelector(".chart"),
+    hook: el.querySelector(".hook-kpis"),
     energy: el.querySelector(".energy tbody"), method: el.querySelector(".method"),
   };
   return cards[dev.uuid];
@@ -122,9 +141,14 @@ function drawDevice(dev, now) {
     ["processes", String(dev.processes)],
   ];
   c.kpis.innerHTML = kpis.map(([k, x]) => `<span>${k} <b>${x}</b></span>`).join("");
+  // The phase's own KPIs (hooks or a serving engine's /metrics): the device's, then each reporting process.
+  const hook = [phaseKpis(dev.kpis, "")];
+  for (const p of dev.process_kpis || []) hook.push(phaseKpis(p.kpis, (p.label || "pid") + " " + p.pid));
+  c.hook.innerHTML = hook.filter(x => x).join("");
+  const metered = dev.energy.method !== "none";  // e.g. a host: time per phase, but no power to integrate
   const rows = Object.entries(dev.energy.phases).map(([p, e]) =>
     `<tr><td><span class="badge" style="background:${COLOURS[p] || "#999"}">${esc(p)}</span></td>` +
-    `<td>${dur(e.seconds)}</td><td>${energy(e.joules)}</td><td>${usd(e.cost)}</td></tr>`);
+    `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "–"}</td><td>${usd(e.cost)}</td></tr>`);
   c.energy.innerHTML = rows.join("") || "<tr><td colspan=4 class=muted>no energy yet</td></tr>";
   c.method.textContent = "energy from " + dev.energy.method.replace("_", " ");
 }
@@ -164,9 +188,10 @@ function plot(uuid) {
 
 function drawTotals(s) {
   const body = document.querySelector("#totals tbody");
+  const metered = s.devices.some(d => d.energy.method !== "none");
   body.innerHTML = Object.entries(s.totals).map(([p, t]) =>
     `<tr><td><span class="badge" style="background:${COLOURS[p] || "#999"}">${esc(p)}</span></td>` +
-    `<td>${dur(t.seconds)}</td><td>${energy(t.joules)}</td><td>${s.devices.some(d => d.priced) ? "$" + t.usd.toFixed(4) : "not priced"}</td></tr>`
+    `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "–"}</td><td>${s.devices.some(d => d.priced) ? "$" + t.usd.toFixed(4) : "not priced"}</td></tr>`
   ).join("") || "<tr><td colspan=4 class=muted>no samples yet</td></tr>";
   document.getElementById("pricing").textContent = CONFIG.pricing;
   const held = s.devices.filter(d => d.idle_held);
@@ -175,31 +200,56 @@ function drawTotals(s) {
   ).join("") : "none";
 }
 
-async function tick() {
+function apply(body) {
+  const s = body.state;
+  document.getElementById("status").textContent = s.status;
+  const up = document.getElementById("up");
+  up.textContent = s.up ? "source up" : (s.exhausted ? "replay ended" : "source down");
+  up.className = s.up ? "on" : "";
+  for (const dev of s.devices) drawDevice(dev, s.time);
+  for (const [uuid, h] of Object.entries(body.history)) {
+    merge(uuid, h);
+    if (h.t.length) since = Math.max(since === null ? -Infinity : since, h.t[h.t.length - 1]);
+    plot(uuid);
+  }
+  drawTotals(s);
+  document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+}
+
+async function poll() {
   try {
     const url = "api/update" + (since === null ? "" : "?since=" + since);
     const r = await fetch(url, {credentials: "same-origin", cache: "no-store"});
     if (!r.ok) throw new Error("HTTP " + r.status);
-    const body = await r.json();
-    const s = body.state;
-    document.getElementById("status").textContent = s.status;
-    const up = document.getElementById("up");
-    up.textContent = s.up ? "source up" : (s.exhausted ? "replay ended" : "source down");
-    up.className = s.up ? "on" : "";
-    for (const dev of s.devices) drawDevice(dev, s.time);
-    for (const [uuid, h] of Object.entries(body.history)) {
-      merge(uuid, h);
-      if (h.t.length) since = Math.max(since === null ? -Infinity : since, h.t[h.t.length - 1]);
-      plot(uuid);
-    }
-    drawTotals(s);
-    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+    apply(await r.json());
   } catch (e) {
     document.getElementById("status").textContent = "update failed: " + e.message;
   }
-  setTimeout(tick, CONFIG.refresh_ms);
+  setTimeout(poll, CONFIG.refresh_ms);
 }
-tick();
+
+// Live updates pushed by the server; polling where the stream never opens (an EventSource that fails
+// after opening reconnects by itself, resuming from its Last-Event-ID).
+function follow() {
+  if (!window.EventSource || new URLSearchParams(location.search).get("transport") === "poll") {
+    document.body.dataset.transport = "poll";
+    return poll();
+  }
+  const es = new EventSource("api/stream");
+  let opened = false;
+  es.onopen = () => { opened = true; document.body.dataset.transport = "sse"; };
+  es.onmessage = e => {
+    try { apply(JSON.parse(e.data)); }
+    catch (err) { document.getElementById("status").textContent = "update failed: " + err.message; }
+  };
+  es.onerror = () => {
+    if (opened) { document.getElementById("status").textContent = "stream lost, reconnecting…"; return; }
+    es.close();
+    document.body.dataset.transport = "poll";
+    poll();
+  };
+}
+follow();
 </script>
 </body>
 </html>
