@@ -155,3 +155,93 @@ def test_empty_and_tiny_traces() -> None:
     one = Trace(DeviceInfo("x"), np.array([5.0]), {"gpu_util": np.array([0.5])})
     wf = window_features(one)
     assert wf.values.shape[0] == 1 and not wf.sufficient[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The fast paths (shared per-signal statistics, partition for quantiles, one FFT per signal for both
+# autocorrelation and spectrum, strided windows) must give the values of the plain definitions.
+
+
+def _jittered(trace: Trace) -> Trace:
+    """10 Hz with timing jitter, so that some grid bins are empty and others hold two samples."""
+    fast = _resampled(trace, 0.1)
+    rng = np.random.default_rng(1)
+    t = fast.time + rng.uniform(-0.06, 0.06, len(fast))
+    order = np.argsort(t)
+    return Trace(fast.device, t[order], {k: v[order] for k, v in fast.columns.items()}, fast.meta)
+
+
+def _holed(trace: Trace) -> Trace:
+    keep = np.random.default_rng(2).random(len(trace)) > 0.2
+    keep[200:240] = False
+    return trace.take(keep)
+
+
+def _periodicity_reference(x: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pre-optimisation definition: separate FFTs for the autocorrelation and the spectrum."""
+    w = x.shape[1]
+    m = np.nanmean(x, axis=1)
+    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
+    f = np.fft.rfft(d, n=2 * w, axis=1)
+    ac = np.fft.irfft(f * np.conj(f), n=2 * w, axis=1)[:, :w]
+    acf = np.where(ac[:, :1] > 1e-12, ac / np.where(ac[:, :1] > 0, ac[:, :1], 1.0), 0.0)[:, 2 : w // 2 + 1]
+    p = np.abs(np.fft.rfft(d, axis=1))[:, 1:] ** 2
+    tot = p.sum(axis=1, keepdims=True)
+    pn = np.where(tot > 1e-18, p / np.where(tot > 0, tot, 1.0), 0.0)
+    ent = -(pn * np.log(np.where(pn > 0, pn, 1.0))).sum(axis=1) / np.log(max(p.shape[1], 2))
+    flat = tot[:, 0] <= 1e-18
+    valid = np.isfinite(x).sum(axis=1) >= 6
+    return (
+        np.where(valid & ~flat, acf.max(axis=1), np.where(valid, 0.0, np.nan)),
+        np.where(valid & ~flat, (acf.argmax(axis=1) + 2) * dt, np.nan),
+        np.where(valid, np.where(flat, 0.0, ent), np.nan),
+    )
+
+
+@pytest.mark.filterwarnings("ignore:.*slice:RuntimeWarning")  # numpy's nan-reductions on empty windows
+@pytest.mark.parametrize("variant", ["1hz", "holes", "10hz_jitter"])
+def test_fast_paths_equal_plain_definitions(trace: Trace, variant: str) -> None:
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from phasescope import features as F
+
+    tr = {"1hz": trace, "holes": _holed(trace), "10hz_jitter": _jittered(trace)}[variant]
+    dt = sample_interval(tr.time)
+    signals = ["gpu_util", "power", "mem_used", "mem_util", "sm_clock", "pcie_rx"]
+    _, grid = resample(tr, dt, signals)
+    for s in signals:  # resampling: bin means of the finite samples, NaN for empty bins
+        v = tr[s]
+        idx = np.floor((tr.time - tr.time[0]) / dt + 0.5).astype(np.int64)
+        total = np.bincount(idx, weights=v, minlength=grid[s].size)
+        count = np.bincount(idx, minlength=grid[s].size)
+        np.testing.assert_array_equal(grid[s], np.where(count > 0, total / np.maximum(count, 1), np.nan))
+    w, step = round(30 / dt), round(15 / dt)
+    wins = {}
+    for s in signals:
+        x = F._windows(grid[s], w, step)
+        np.testing.assert_array_equal(x, sliding_window_view(grid[s], w)[::step])
+        ws = wins[s] = F._Win(x)
+        assert ws.dense == bool(np.isfinite(x).all())
+        np.testing.assert_array_equal(ws.n, np.isfinite(x).sum(axis=1))
+        np.testing.assert_allclose(ws.mean, np.nanmean(x, axis=1), rtol=1e-12)
+        np.testing.assert_allclose(ws.std, np.nanstd(x, axis=1), rtol=1e-9, atol=1e-12)
+        qs = [0.0, 0.1, 0.5, 0.9]
+        np.testing.assert_allclose(
+            np.array(F._quantiles(x, qs, ws.n)),
+            np.nanpercentile(x, [100 * q for q in qs], axis=1).reshape(4, -1),
+        )
+        busy = x > np.nanmedian(x)
+        np.testing.assert_array_equal(F._frac(busy, x, ws.dense), F._frac(busy, x, None))
+        np.testing.assert_array_equal(F._transitions(busy, x, ws.dense), F._transitions(busy, x))
+    if variant == "1hz":
+        assert all(ws.dense for ws in wins.values())
+    else:
+        assert not wins["gpu_util"].dense  # the masked paths are the ones under test here
+    for a, b in [("power", "gpu_util"), ("power", "mem_util"), ("gpu_util", "mem_used")]:
+        np.testing.assert_allclose(
+            F._pair_corr(wins[a], wins[b]), F._corr(wins[a].x, wins[b].x), rtol=1e-9, atol=1e-12
+        )
+    got = F._periodicity([wins["gpu_util"], wins["power"]], dt)
+    for s, g in zip(["gpu_util", "power"], got, strict=True):
+        for new, ref in zip(g, _periodicity_reference(wins[s].x, dt), strict=True):
+            np.testing.assert_allclose(new, ref, rtol=1e-6, atol=1e-9, err_msg=s)

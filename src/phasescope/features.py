@@ -1,8 +1,9 @@
 """Window features for the phase classifier, computed for all windows of a trace at once.
 
 Pipeline: resample the trace onto a regular grid (NaN where there was no sample), cut the grid into
-overlapping windows with `sliding_window_view` (a view, no copy), then reduce every window with
-array operations along axis 1. There is no per-window Python loop.
+overlapping windows (a strided view, no copy), then reduce every window with array operations along
+axis 1. There is no per-window Python loop. What several features share per signal (count, mean,
+centred values, standard deviation, one FFT) is computed once per trace (`_Win`, `_periodicity`).
 
 Every feature depends on a known set of signals (`FEATURE_SIGNALS`); a feature whose signals are
 missing is NaN, so callers can tell "absent" from "zero". Features that need the device's limits
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from phasescope.schema import FloatArray, Trace
 
@@ -210,11 +211,18 @@ def resample(trace: Trace, interval_s: float, signals: Sequence[str]) -> tuple[f
     idx = np.floor((t - t0) / interval_s + 0.5).astype(np.int64)
     n = int(idx[-1]) + 1 if idx.size else 0
     out: dict[str, FloatArray] = {}
+    full_count: np.ndarray | None = None  # bin counts when every sample is finite, shared by such signals
     for s in signals:
         v = trace[s]
         ok = np.isfinite(v)
-        total = np.bincount(idx[ok], weights=v[ok], minlength=n)
-        count = np.bincount(idx[ok], minlength=n)
+        if ok.all():
+            if full_count is None:
+                full_count = np.bincount(idx, minlength=n)
+            total = np.bincount(idx, weights=v, minlength=n)
+            count = full_count
+        else:
+            total = np.bincount(idx[ok], weights=v[ok], minlength=n)
+            count = np.bincount(idx[ok], minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             out[s] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
     return t0, out
@@ -225,7 +233,8 @@ def resample(trace: Trace, interval_s: float, signals: Sequence[str]) -> tuple[f
 
 
 # Fast paths: most windows hold no gap, and then the NaN masks (a third of the cost) can be skipped.
-# `_dense` is the test; results are identical either way (checked in tests/test_features.py).
+# `_dense` is the test; results are the same either way (checked in tests/test_features.py against
+# the plain definitions).
 
 
 def _dense(x: FloatArray) -> bool:
@@ -238,29 +247,23 @@ def _count(x: FloatArray) -> np.ndarray:
     return np.isfinite(x).sum(axis=1)
 
 
-def _mean(x: FloatArray) -> FloatArray:
-    if _dense(x):
-        return np.asarray(x.mean(axis=1), dtype=np.float64)
-    n = _count(x)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, np.nansum(x, axis=1) / np.maximum(n, 1), np.nan)
-
-
-def _std(x: FloatArray) -> FloatArray:
-    if _dense(x):
-        d = x - x.mean(axis=1, keepdims=True)
-        return np.asarray(np.sqrt((d * d).mean(axis=1)), dtype=np.float64)
-    m = _mean(x)
-    n = _count(x)
-    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, np.sqrt((d * d).sum(axis=1) / np.maximum(n, 1)), np.nan)
-
-
-def _quantiles(x: FloatArray, qs: list[float]) -> list[FloatArray]:
+def _quantiles(x: FloatArray, qs: list[float], n: np.ndarray | None = None) -> list[FloatArray]:
     """Linear-interpolated quantiles per row, ignoring NaN (same definition as np.nanpercentile)."""
+    n = _count(x) if n is None else n
+    if x.size and x.shape[0] and bool((n == x.shape[1]).all()):
+        # No gap: every row has the same order statistics to pick, and one partition places exactly
+        # those (the values equal a full sort's at these positions, at a fraction of its cost).
+        k = x.shape[1]
+        at = [int(np.floor((k - 1) * q)) for q in qs]
+        kth = sorted(set(at) | {min(a + 1, k - 1) for a in at})
+        s = np.partition(x, kth, axis=1)
+        # The same interpolation as below, with the (row-independent) positions as scalars.
+        dense_out = []
+        for q, j in zip(qs, at, strict=True):
+            f = (k - 1) * q - j
+            dense_out.append(s[:, j] * (1 - f) + s[:, min(j + 1, k - 1)] * f)
+        return dense_out
     s = np.sort(x, axis=1)  # NaN sort to the end
-    n = _count(x)
     out = []
     rows = np.arange(x.shape[0])
     for q in qs:
@@ -273,22 +276,26 @@ def _quantiles(x: FloatArray, qs: list[float]) -> list[FloatArray]:
     return out
 
 
-def _frac(cond: np.ndarray, x: FloatArray) -> FloatArray:
+def _frac(cond: np.ndarray, x: FloatArray, dense: bool | None = None) -> FloatArray:
+    if dense if dense is not None else _dense(x):
+        return np.asarray(cond.sum(axis=1) / x.shape[1], dtype=np.float64)
     n = _count(x)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, (cond & np.isfinite(x)).sum(axis=1) / np.maximum(n, 1), np.nan)
 
 
-def _lag_corr(x: FloatArray, lag: int) -> FloatArray:
+def _lag_corr(x: FloatArray, lag: int, dense: bool | None = None) -> FloatArray:
     """Autocorrelation at `lag` grid points, over the pairs where both points exist."""
     if lag <= 0 or lag >= x.shape[1]:
         return np.full(x.shape[0], np.nan)
-    return _corr(x[:, :-lag], x[:, lag:])
+    return _corr(x[:, :-lag], x[:, lag:], dense)
 
 
-def _corr(a: FloatArray, b: FloatArray) -> FloatArray:
-    """Pearson correlation per row over the positions where both are finite; 0 if either is constant."""
-    if _dense(a) and _dense(b):
+def _corr(a: FloatArray, b: FloatArray, dense: bool | None = None) -> FloatArray:
+    """Pearson correlation per row over the positions where both are finite; 0 if either is constant.
+
+    `dense` (both without gaps) may be passed when the caller already knows it."""
+    if dense if dense is not None else (_dense(a) and _dense(b)):
         if a.shape[1] < 3:
             return np.full(a.shape[0], np.nan)
         da = a - a.mean(axis=1, keepdims=True)
@@ -314,40 +321,41 @@ def _corr(a: FloatArray, b: FloatArray) -> FloatArray:
     return np.where(n >= 3, r, np.nan)
 
 
-def _acf_fft(x: FloatArray) -> FloatArray:
-    """Normalised autocorrelation for all lags of every row (missing points count as the row mean)."""
-    m = _mean(x)
-    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
-    w = x.shape[1]
-    f = np.fft.rfft(d, n=2 * w, axis=1)
-    ac = np.fft.irfft(f * np.conj(f), n=2 * w, axis=1)[:, :w]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(ac[:, :1] > 1e-12, ac / np.where(ac[:, :1] > 0, ac[:, :1], 1.0), 0.0)
-
-
-def _periodicity(x: FloatArray, dt: float) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Strongest autocorrelation peak (lags 2 .. half the window), its lag in seconds, spectral entropy."""
-    w = x.shape[1]
-    nan = np.full(x.shape[0], np.nan)
+def _periodicity(wins: list[_Win], dt: float) -> list[tuple[FloatArray, FloatArray, FloatArray]]:
+    """Per signal: strongest autocorrelation peak (lags 2 .. half the window), its lag in seconds, and
+    spectral entropy. Missing points count as the row mean. One FFT serves all signals and both uses:
+    the zero-padded transform (length 2w) gives the autocorrelation, and its even bins are the plain
+    length-w transform that the spectrum needs."""
+    n_win, w = wins[0].x.shape
+    nan = np.full(n_win, np.nan)
     if w < 6:
-        return nan, nan, nan
-    acf = _acf_fft(x)[:, 2 : w // 2 + 1]
-    peak = acf.max(axis=1)
-    lag_s = (acf.argmax(axis=1) + 2) * dt
-    m = _mean(x)
-    d = np.where(np.isfinite(x), x - m[:, None], 0.0)
-    p = np.abs(np.fft.rfft(d, axis=1))[:, 1:] ** 2
-    tot = p.sum(axis=1, keepdims=True)
+        return [(nan, nan, nan) for _ in wins]
+    # Transformed row by row per signal: batching signals into one call changes pocketfft's rounding,
+    # enough to flip the argmax between two near-equal autocorrelation peaks.
+    f = np.stack([np.fft.rfft(v.d, n=2 * w, axis=1) for v in wins])
+    ac = np.stack([np.fft.irfft(g * np.conj(g), n=2 * w, axis=1)[:, :w] for g in f])
+    ac0 = ac[..., :1]
+    with np.errstate(invalid="ignore", divide="ignore"):  # normalised only at the lags searched
+        acf = np.where(ac0 > 1e-12, ac[..., 2 : w // 2 + 1] / np.where(ac0 > 0, ac0, 1.0), 0.0)
+    peak = acf.max(axis=-1)
+    lag_s = (acf.argmax(axis=-1) + 2) * dt
+    p = np.abs(f[..., ::2])[..., 1:] ** 2
+    tot = p.sum(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         pn = np.where(tot > 1e-18, p / np.where(tot > 0, tot, 1.0), 0.0)
-        ent = -(pn * np.log(np.where(pn > 0, pn, 1.0))).sum(axis=1) / np.log(max(p.shape[1], 2))
-    flat = tot[:, 0] <= 1e-18
-    valid = _count(x) >= 6
-    return (
-        np.where(valid & ~flat, peak, np.where(valid, 0.0, np.nan)),
-        np.where(valid & ~flat, lag_s, np.nan),
-        np.where(valid, np.where(flat, 0.0, ent), np.nan),
-    )
+        ent = -(pn * np.log(np.where(pn > 0, pn, 1.0))).sum(axis=-1) / np.log(max(p.shape[-1], 2))
+    flat = tot[..., 0] <= 1e-18
+    out = []
+    for i, v in enumerate(wins):
+        valid = v.n >= 6
+        out.append(
+            (
+                np.where(valid & ~flat[i], peak[i], np.where(valid, 0.0, np.nan)),
+                np.where(valid & ~flat[i], lag_s[i], np.nan),
+                np.where(valid, np.where(flat[i], 0.0, ent[i]), np.nan),
+            )
+        )
+    return out
 
 
 def _slope(x: FloatArray, dt: float) -> FloatArray:
@@ -367,8 +375,10 @@ def _slope(x: FloatArray, dt: float) -> FloatArray:
         return np.where((n >= 2) & (den > 0), num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _transitions(busy: np.ndarray, x: FloatArray) -> FloatArray:
+def _transitions(busy: np.ndarray, x: FloatArray, dense: bool = False) -> FloatArray:
     """Count of busy/not-busy changes between consecutive existing points."""
+    if dense:
+        return (busy[:, 1:] != busy[:, :-1]).sum(axis=1).astype(np.float64)
     ok = np.isfinite(x)
     pair = ok[:, 1:] & ok[:, :-1]
     return ((busy[:, 1:] != busy[:, :-1]) & pair).sum(axis=1).astype(np.float64)
@@ -378,7 +388,64 @@ def _transitions(busy: np.ndarray, x: FloatArray) -> FloatArray:
 
 
 def _windows(grid: FloatArray, w: int, step: int) -> FloatArray:
-    return sliding_window_view(grid, w)[::step]
+    """Rows `grid[i*step : i*step + w]`: the same read-only view `sliding_window_view(grid, w)[::step]`
+    gives, built directly (that helper's argument checks cost more than the view on short traces)."""
+    if grid.ndim != 1 or not 0 < w <= grid.shape[0] or step < 1:
+        return sliding_window_view(grid, w)[::step]
+    (stride,) = grid.strides
+    n = (grid.shape[0] - w) // step + 1
+    return as_strided(grid, shape=(n, w), strides=(stride * step, stride), writeable=False)
+
+
+class _Win:
+    """One signal's windows with what several features share (count, mean, centred values, std),
+    each computed once per trace rather than once per feature."""
+
+    def __init__(self, x: FloatArray) -> None:
+        self.x = x
+        self._ss: FloatArray | None = None
+        self.ok = np.isfinite(x)
+        self.dense = x.size > 0 and bool(self.ok.all())
+        if self.dense:
+            self.n = np.full(x.shape[0], x.shape[1], dtype=np.int64)
+            self.mean: FloatArray = np.asarray(x.mean(axis=1), dtype=np.float64)
+            self.d: FloatArray = x - self.mean[:, None]
+            self.std: FloatArray = np.asarray(np.sqrt((self.d * self.d).mean(axis=1)), dtype=np.float64)
+            return
+        self.n = self.ok.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.mean = np.where(self.n > 0, np.nansum(x, axis=1) / np.maximum(self.n, 1), np.nan)
+            self.d = np.where(self.ok, x - self.mean[:, None], 0.0)
+            self.std = np.where(
+                self.n > 0, np.sqrt((self.d * self.d).sum(axis=1) / np.maximum(self.n, 1)), np.nan
+            )
+
+    def sumsq(self) -> FloatArray:
+        """Sum of squared deviations per row, shared by this signal's correlations (summed the way
+        `_corr` sums it on each path, so the result is the same to the last bit)."""
+        if self._ss is None:
+            if self.dense:
+                self._ss = np.einsum("ij,ij->i", self.d, self.d)
+            else:
+                self._ss = (self.d * self.d).sum(axis=1)
+        assert self._ss is not None
+        return self._ss
+
+
+def _pair_corr(a: _Win, b: _Win) -> FloatArray:
+    """`_corr` of two signals' windows. Signals of one trace are usually missing at the same grid
+    points (an empty bin is empty for all of them); then the pairwise means and centred values are
+    each signal's own, already computed, and only the cross term is new."""
+    if a.x.shape[1] < 3 and a.dense and b.dense:
+        return np.full(a.x.shape[0], np.nan)
+    both = a.dense and b.dense
+    if not both and not np.array_equal(a.ok, b.ok):
+        return _corr(a.x, b.x, False)
+    cov = np.einsum("ij,ij->i", a.d, b.d) if both else (a.d * b.d).sum(axis=1)
+    den = np.sqrt(a.sumsq() * b.sumsq())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(den > 1e-12, cov / np.where(den > 0, den, 1.0), 0.0)
+    return r if both else np.where(a.n >= 3, r, np.nan)
 
 
 def window_features(
@@ -435,10 +502,8 @@ def window_features(
     if n_grid < w:
         w = n_grid  # a trace shorter than one window: one (short) window over all of it
     n_win = (n_grid - w) // step + 1
-    nan_grid = np.full(n_grid, np.nan)
-
-    def W(s: str) -> FloatArray:
-        return _windows(grid.get(s, nan_grid), w, step)
+    # Each signal's windows and shared statistics, once (a view plus a few (n_win,) arrays per signal).
+    win = {s: _Win(_windows(grid[s], w, step)) for s in grid}
 
     starts: FloatArray = t0 + np.arange(n_win, dtype=np.float64) * step * dt
     ends: FloatArray = starts + (w - 1) * dt
@@ -456,39 +521,42 @@ def window_features(
     lag1 = round(1.0 / dt)
     lag5 = round(5.0 / dt)
     minutes = w * dt / 60.0
+    periodic = [s for s in ("gpu_util", "power") if s in win]
+    period = {}
+    if periodic:
+        period = dict(zip(periodic, _periodicity([win[s] for s in periodic], dt), strict=True))
 
-    if "gpu_util" in grid:
-        u = W("gpu_util")
-        cols["util_mean"] = _mean(u)
-        cols["util_std"] = _std(u)
-        cols["util_p10"], cols["util_p50"], cols["util_p90"] = _quantiles(u, [0.1, 0.5, 0.9])
-        cols["util_max"] = np.where(
-            _count(u) > 0, np.nanmax(np.where(np.isfinite(u), u, -np.inf), axis=1), np.nan
-        )
+    if "gpu_util" in win:
+        U = win["gpu_util"]
+        u = U.x
+        has = U.n > 0
+        cols["util_mean"] = U.mean
+        cols["util_std"] = U.std
+        cols["util_p10"], cols["util_p50"], cols["util_p90"] = _quantiles(u, [0.1, 0.5, 0.9], U.n)
+        if U.dense:
+            cols["util_max"] = np.asarray(u.max(axis=1), dtype=np.float64)
+        else:
+            cols["util_max"] = np.where(has, np.nanmax(np.where(U.ok, u, -np.inf), axis=1), np.nan)
         busy = u > 0.05
-        cols["util_duty"] = _frac(busy, u)
-        cols["util_high"] = _frac(u > 0.9, u)
-        trans = _transitions(busy, u)
-        cols["util_transitions_per_min"] = np.where(_count(u) > 1, trans / minutes, np.nan)
-        cols["util_ac_1s"] = _lag_corr(u, lag1)
-        cols["util_ac_5s"] = _lag_corr(u, lag5)
-        cols["util_acf_peak"], cols["util_acf_peak_lag_s"], cols["util_spectral_entropy"] = _periodicity(
-            u, dt
-        )
+        cols["util_duty"] = _frac(busy, u, U.dense)
+        cols["util_high"] = _frac(u > 0.9, u, U.dense)
+        trans = _transitions(busy, u, U.dense)
+        cols["util_transitions_per_min"] = np.where(U.n > 1, trans / minutes, np.nan)
+        cols["util_ac_1s"] = _lag_corr(u, lag1, U.dense)
+        cols["util_ac_5s"] = _lag_corr(u, lag5, U.dense)
+        cols["util_acf_peak"], cols["util_acf_peak_lag_s"], cols["util_spectral_entropy"] = period["gpu_util"]
         # Mean length of a busy run, in seconds: busy time over number of busy starts.
         starts_busy = (busy[:, 1:] & ~busy[:, :-1]).sum(axis=1) + busy[:, 0]
         with np.errstate(invalid="ignore", divide="ignore"):
-            cols["util_burst_len_s"] = np.where(
-                starts_busy > 0, busy.sum(axis=1) * dt / np.maximum(starts_busy, 1), 0.0
-            )
-        cols["util_burst_len_s"] = np.where(_count(u) > 0, cols["util_burst_len_s"], np.nan)
-    if "mem_util" in grid:
-        mu = W("mem_util")
-        cols["memutil_mean"] = _mean(mu)
-        cols["memutil_std"] = _std(mu)
-        (cols["memutil_p90"],) = _quantiles(mu, [0.9])
-        cols["memutil_ac_1s"] = _lag_corr(mu, lag1)
-        if "gpu_util" in grid:
+            burst = np.where(starts_busy > 0, busy.sum(axis=1) * dt / np.maximum(starts_busy, 1), 0.0)
+        cols["util_burst_len_s"] = np.where(has, burst, np.nan)
+    if "mem_util" in win:
+        MU = win["mem_util"]
+        cols["memutil_mean"] = MU.mean
+        cols["memutil_std"] = MU.std
+        (cols["memutil_p90"],) = _quantiles(MU.x, [0.9], MU.n)
+        cols["memutil_ac_1s"] = _lag_corr(MU.x, lag1, MU.dense)
+        if "gpu_util" in win:
             with np.errstate(invalid="ignore", divide="ignore"):
                 cols["memutil_per_util"] = np.where(
                     cols["util_mean"] > 0.02, cols["memutil_mean"] / np.maximum(cols["util_mean"], 1e-9), 0.0
@@ -496,34 +564,35 @@ def window_features(
             cols["memutil_per_util"] = np.where(
                 np.isfinite(cols["util_mean"] + cols["memutil_mean"]), cols["memutil_per_util"], np.nan
             )
-    if "power" in grid:
-        pw = W("power")
-        pm = _mean(pw)
-        ps = _std(pw)
+    if "power" in win:
+        PW = win["power"]
+        pw = PW.x
+        pm = PW.mean
+        ps = PW.std
         with np.errstate(invalid="ignore", divide="ignore"):
             cols["power_cv"] = ps / np.where(pm > 0, pm, np.nan)
-            p10, p90 = _quantiles(pw, [0.1, 0.9])
+            p10, p90 = _quantiles(pw, [0.1, 0.9], PW.n)
             cols["power_rel_range"] = (p90 - p10) / np.where(pm > 0, pm, np.nan)
             # Power over the trace's lowest level so far (a causal floor): idle boards sit at the floor.
             floor = np.fmin.accumulate(np.where(np.isfinite(grid["power"]), grid["power"], np.inf))
             floor_at = floor[np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)]
             floor_at = np.where(np.isfinite(floor_at), floor_at, np.nan)
             cols["power_above_floor"] = pm / np.where(floor_at > 0, floor_at, np.nan)
-        cols["power_ac_1s"] = _lag_corr(pw, lag1)
-        cols["power_ac_5s"] = _lag_corr(pw, lag5)
-        cols["power_acf_peak"], _, cols["power_spectral_entropy"] = _periodicity(pw, dt)
+        cols["power_ac_1s"] = _lag_corr(pw, lag1, PW.dense)
+        cols["power_ac_5s"] = _lag_corr(pw, lag5, PW.dense)
+        cols["power_acf_peak"], _, cols["power_spectral_entropy"] = period["power"]
         if np.isfinite(lim.power_limit):
             cols["power_frac_mean"] = pm / lim.power_limit
             cols["power_frac_p90"] = p90 / lim.power_limit
             cols["power_frac_std"] = ps / lim.power_limit
-    if "mem_used" in grid:
+    if "mem_used" in win:
         mg = grid["mem_used"]
-        mw = W("mem_used")
-        mm = _mean(mw)
+        MW = win["mem_used"]
+        mm = MW.mean
         cols["mem_gib"] = mm / GIB_BYTES
         with np.errstate(invalid="ignore", divide="ignore"):
-            cols["mem_cv"] = _std(mw) / np.where(mm > 0, mm, np.nan)
-        cols["mem_slope_gib_per_min"] = _slope(mw, dt) * 60.0 / GIB_BYTES
+            cols["mem_cv"] = MW.std / np.where(mm > 0, mm, np.nan)
+        cols["mem_slope_gib_per_min"] = _slope(MW.x, dt) * 60.0 / GIB_BYTES
         # Memory above the lowest level seen since the trace (device or process) started: the ramp.
         base = np.fmin.accumulate(np.where(np.isfinite(mg), mg, np.inf))
         end_idx = np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)
@@ -549,39 +618,39 @@ def window_features(
         "corr_util_mem": ("gpu_util", "mem_used"),
     }
     for name, (a, b) in pairs.items():
-        if a in grid and b in grid:
-            cols[name] = _corr(W(a), W(b))
-    if "temperature" in grid:
-        tw = W("temperature")
-        cols["temp_slope_per_min"] = _slope(tw, dt) * 60.0
-        cols["temp_std"] = _std(tw)
-    if "sm_clock" in grid:
-        sw = W("sm_clock")
-        sm = _mean(sw)
+        if a in win and b in win:
+            cols[name] = _pair_corr(win[a], win[b])
+    if "temperature" in win:
+        TW = win["temperature"]
+        cols["temp_slope_per_min"] = _slope(TW.x, dt) * 60.0
+        cols["temp_std"] = TW.std
+    if "sm_clock" in win:
+        SW = win["sm_clock"]
+        sm = SW.mean
         with np.errstate(invalid="ignore", divide="ignore"):
-            cols["sm_clock_cv"] = _std(sw) / np.where(sm > 0, sm, np.nan)
-        cols["sm_clock_ac_1s"] = _lag_corr(sw, lag1)
+            cols["sm_clock_cv"] = SW.std / np.where(sm > 0, sm, np.nan)
+        cols["sm_clock_ac_1s"] = _lag_corr(SW.x, lag1, SW.dense)
         if np.isfinite(lim.max_sm_clock):
             cols["sm_clock_frac"] = sm / lim.max_sm_clock
-            (smin,) = _quantiles(sw, [0.0])
+            (smin,) = _quantiles(SW.x, [0.0], SW.n)
             cols["sm_clock_frac_min"] = smin / lim.max_sm_clock
-    if "mem_clock" in grid:
-        cw = W("mem_clock")
-        cm = _mean(cw)
+    if "mem_clock" in win:
+        CW = win["mem_clock"]
+        cm = CW.mean
         with np.errstate(invalid="ignore", divide="ignore"):
-            cols["mem_clock_cv"] = _std(cw) / np.where(cm > 0, cm, np.nan)
+            cols["mem_clock_cv"] = CW.std / np.where(cm > 0, cm, np.nan)
         if np.isfinite(lim.max_mem_clock):
             cols["mem_clock_frac"] = cm / lim.max_mem_clock
-    if "pcie_rx" in grid and "pcie_tx" in grid:
-        rx, tx = W("pcie_rx"), W("pcie_tx")
-        rm, tm = _mean(rx), _mean(tx)
+    if "pcie_rx" in win and "pcie_tx" in win:
+        RX, TX = win["pcie_rx"], win["pcie_tx"]
+        rm, tm = RX.mean, TX.mean
         with np.errstate(invalid="ignore", divide="ignore"):
             cols["pcie_rx_log"] = np.log10(1.0 + np.maximum(rm, 0))
             cols["pcie_tx_log"] = np.log10(1.0 + np.maximum(tm, 0))
-            cols["pcie_rx_cv"] = _std(rx) / np.where(rm > 0, rm, np.nan)
-            cols["pcie_tx_cv"] = _std(tx) / np.where(tm > 0, tm, np.nan)
+            cols["pcie_rx_cv"] = RX.std / np.where(rm > 0, rm, np.nan)
+            cols["pcie_tx_cv"] = TX.std / np.where(tm > 0, tm, np.nan)
             cols["pcie_rx_tx_log_ratio"] = cols["pcie_rx_log"] - cols["pcie_tx_log"]
-            (rx90,) = _quantiles(rx, [0.9])
+            (rx90,) = _quantiles(RX.x, [0.9], RX.n)
             cols["pcie_rx_burst"] = rx90 / np.where(rm > 0, rm, np.nan)
 
     values = np.column_stack([cols.get(n, nanv) for n in FEATURE_NAMES]) if n_win > 0 else empty.values

@@ -190,3 +190,100 @@ def test_alarm_long_silence_clears_evidence() -> None:
     assert not alarm.update(30.0, 0.9)  # 2.2 nats
     assert not alarm.update(1000.0, 0.9)  # after a 970 s gap the first 2.2 nats are forgotten
     assert alarm.update(1015.0, 0.99)
+
+
+# Frozen copies of the numpy-per-window versions that viterbi and _collect replaced: the faster code must
+# give the same segments, to the bit, on sequences full of ties, unknown runs and time gaps.
+
+
+def _viterbi_reference(log_evidence: np.ndarray, switch_cost: float) -> np.ndarray:
+    n, k = log_evidence.shape
+    if n == 0:
+        return np.zeros(0, dtype=np.intp)
+    back = np.empty((n, k), dtype=np.intp)
+    score = log_evidence[0].copy()
+    back[0] = np.arange(k)
+    states = np.arange(k)
+    for t in range(1, n):
+        best = int(np.argmax(score))
+        switch = score[best] - switch_cost
+        stay = score >= switch
+        back[t] = np.where(stay, states, best)
+        score = np.where(stay, score, switch) + log_evidence[t]
+    path = np.empty(n, dtype=np.intp)
+    path[-1] = int(np.argmax(score))
+    for t in range(n - 1, 0, -1):
+        path[t - 1] = back[t, path[t]]
+    return path
+
+
+def _collect_reference(start, end, proba, state, unknown, long_unknown, breaks):  # type: ignore[no-untyped-def]
+    from phasescope.classify.decide import UNKNOWN, Segment
+
+    n = state.shape[0]
+    code = np.where(long_unknown, -1, state)
+    keep = np.flatnonzero(~(unknown & ~long_unknown))
+    if keep.size == 0:
+        return []
+    centre = (start + end) / 2.0
+    out = []
+    seg_lo = 0
+    for j in range(1, keep.size + 1):
+        if j < keep.size:
+            a, b = keep[j - 1], keep[j]
+            if code[a] == code[b] and not breaks[a + 1 : b + 1].any():
+                continue
+        first, last = keep[seg_lo], keep[j - 1]
+        nxt = keep[j] if j < keep.size else n
+        gap_after = j == keep.size or bool(breaks[last + 1 : nxt + 1].any())
+        prev = keep[seg_lo - 1] if seg_lo > 0 else -1
+        gap_before = seg_lo == 0 or bool(breaks[prev + 1 : first + 1].any())
+        seg_start = float(start[first]) if gap_before else float((centre[prev] + centre[first]) / 2.0)
+        seg_end = float(end[last]) if gap_after else float((centre[last] + centre[nxt]) / 2.0)
+        members = np.arange(first, last + 1)
+        label = UNKNOWN if code[first] < 0 else PHASES[int(code[first])]
+        if label == UNKNOWN:
+            probs = {ph: float("nan") for ph in PHASES}
+            n_win, n_unk = int(members.size), 0
+        else:
+            called = members[~unknown[members]]
+            mean = proba[called].mean(axis=0)
+            probs = {ph: float(mean[i]) for i, ph in enumerate(PHASES)}
+            n_win, n_unk = int(called.size), int(unknown[members].sum())
+        out.append(Segment(seg_start, seg_end, label, probs, n_win, n_unk))
+        seg_lo = j
+    return out
+
+
+def _random_preds(rng: np.random.Generator, n: int) -> Preds:
+    # Probabilities on a coarse grid, so that exact ties between states are common.
+    proba = rng.integers(0, 6, size=(n, 4)).astype(float) + 0.01
+    proba /= proba.sum(axis=1, keepdims=True)
+    labels = [PHASES[i] for i in proba.argmax(axis=1)]
+    runs = rng.random(n) < 0.08
+    for i in np.flatnonzero(runs):
+        ln = int(rng.integers(1, 8))
+        proba[i : i + ln] = np.nan
+        labels[i : i + ln] = ["unknown"] * len(labels[i : i + ln])
+    step = np.full(n, 15.0)
+    step[rng.random(n) < 0.03] = 200.0  # time gaps
+    start = np.cumsum(step)
+    return Preds(start, start + 30.0, proba, labels)
+
+
+def test_segments_equal_the_per_window_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phasescope.classify import decide
+
+    rng = np.random.default_rng(7)
+    cases = [_random_preds(rng, int(n)) for n in rng.integers(1, 400, size=60)]
+    fast = [segments(p) for p in cases]
+    for p in cases[:20]:
+        ev = np.log(np.clip(np.nan_to_num(p.proba, nan=0.25), 0.01, 1.0))
+        for cost in (0.0, 2.0, 6.0):
+            assert viterbi(ev, cost).tolist() == _viterbi_reference(ev, cost).tolist()
+    monkeypatch.setattr(decide, "viterbi", _viterbi_reference)
+    monkeypatch.setattr(decide, "_collect", _collect_reference)
+    slow = [segments(p) for p in cases]
+    assert sum(len(s) for s in fast) > 500
+    for f, s in zip(fast, slow, strict=True):
+        assert [x.to_dict() for x in f] == [x.to_dict() for x in s]

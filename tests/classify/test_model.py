@@ -128,3 +128,25 @@ def test_model_card_is_shipped(model: PhaseModel) -> None:
     assert card["version"] == model.version
     assert card["training_data"]["runs_by_source"]["sensorguard"] > 10
     assert "evaluation" in card and 0 < card["evaluation"]["run_accuracy"] <= 1
+
+
+def test_labels_and_reasons_follow_the_probabilities(model: PhaseModel, shared_data: Path) -> None:
+    """Each judged window is its best phase when that reaches min_proba, else unknown with the reason."""
+    from phasescope.classify.model import UnknownRules
+
+    trace = _trace(shared_data, *TRAIN)
+    # A threshold at the median confidence on this trace, so that both branches are exercised.
+    mid = float(np.nanmedian(np.nanmax(model.predict_trace(trace, evidence=False).proba, axis=1)))
+    strict = PhaseModel(model.version, model.config, UnknownRules(min_proba=mid), model.submodels, model.card)
+    for m in (model, strict):
+        p = m.predict_trace(trace, evidence=False)
+        rows = np.flatnonzero(np.isfinite(p.proba).all(axis=1))
+        assert rows.size > 30
+        for i in rows:
+            best = float(p.proba[i].max())
+            if best >= m.rules.min_proba:
+                assert p.labels[i] == PHASES[int(p.proba[i].argmax())] and p.reasons[i] == ""
+            else:
+                assert p.labels[i] == "unknown"
+                assert p.reasons[i] == f"best probability {best:.2f} < {m.rules.min_proba}"
+    assert "unknown" in p.labels and "training" in p.labels  # the strict rules exercise both branches

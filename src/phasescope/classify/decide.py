@@ -97,24 +97,30 @@ def unknown_mask(pred: WindowProbs) -> npt.NDArray[np.bool_]:
 
 
 def viterbi(log_evidence: FloatArray, switch_cost: float) -> npt.NDArray[np.intp]:
-    """Most likely state path when staying is free and any change of state costs `switch_cost`."""
+    """Most likely state path when staying is free and any change of state costs `switch_cost`.
+
+    The recursion is sequential in time, so it runs on Python floats: with 4 states a numpy call per step
+    costs more than the arithmetic (the same float64 operations in the same order, so the same path)."""
     n, k = log_evidence.shape
     if n == 0:
         return np.zeros(0, dtype=np.intp)
-    back = np.empty((n, k), dtype=np.intp)
-    score = log_evidence[0].copy()
-    back[0] = np.arange(k)
-    states = np.arange(k)
-    for t in range(1, n):
-        best = int(np.argmax(score))
-        switch = score[best] - switch_cost
-        stay = score >= switch  # ties keep the current state: hysteresis
-        back[t] = np.where(stay, states, best)
-        score = np.where(stay, score, switch) + log_evidence[t]
+    rows = log_evidence.tolist()
+    states = range(k)
+    score = rows[0]
+    back: list[list[int]] = [list(states)]
+    for row in rows[1:]:
+        top = max(score)
+        best = score.index(top)  # the first maximum, as np.argmax
+        switch = top - switch_cost
+        # Ties keep the current state: hysteresis.
+        back.append([i if score[i] >= switch else best for i in states])
+        score = [(score[i] if score[i] >= switch else switch) + row[i] for i in states]
     path = np.empty(n, dtype=np.intp)
-    path[-1] = int(np.argmax(score))
+    cur = score.index(max(score))
+    path[-1] = cur
     for t in range(n - 1, 0, -1):
-        path[t - 1] = back[t, path[t]]
+        cur = back[t][cur]
+        path[t - 1] = cur
     return path
 
 
@@ -330,13 +336,14 @@ def _collect(
     if keep.size == 0:
         return []
     centre = (start + end) / 2.0
+    # breaks_upto[i]: time gaps among breaks[0 .. i-1], so that "a gap lies in (a, b]" is one subtraction.
+    breaks_upto = np.concatenate([[0], np.cumsum(breaks)])
+    a, b = keep[:-1], keep[1:]
+    # Positions j in keep where a new segment starts: the code changes, or a gap lies in between.
+    cuts = np.flatnonzero((code[a] != code[b]) | (breaks_upto[b + 1] - breaks_upto[a + 1] > 0)) + 1
     out: list[Segment] = []
     seg_lo = 0  # position in keep
-    for j in range(1, keep.size + 1):
-        if j < keep.size:
-            a, b = keep[j - 1], keep[j]
-            if code[a] == code[b] and not breaks[a + 1 : b + 1].any():
-                continue
+    for j in [*cuts.tolist(), keep.size]:
         first, last = keep[seg_lo], keep[j - 1]
         nxt = keep[j] if j < keep.size else n
         gap_after = j == keep.size or bool(breaks[last + 1 : nxt + 1].any())

@@ -8,6 +8,7 @@ log with only power, utilisation and memory gets a model fitted on exactly those
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -79,8 +80,7 @@ class Submodel:
         return self._booster
 
     def predict(self, values: FloatArray) -> FloatArray:
-        cols = [FEATURE_NAMES.index(f) for f in self.features]
-        x = values[:, cols]
+        x = values[:, _columns(self.features)]
         if x.shape[0] == 0:
             return np.zeros((0, len(PHASES)))
         return np.asarray(self.booster.predict(x, num_threads=1), dtype=np.float64).reshape(
@@ -91,8 +91,8 @@ class Submodel:
         """Top feature contributions (LightGBM SHAP, log-odds) towards each window's class."""
         if values.shape[0] == 0:
             return []
-        cols = [FEATURE_NAMES.index(f) for f in self.features]
-        contrib = np.asarray(self.booster.predict(values[:, cols], pred_contrib=True, num_threads=1))
+        x = values[:, _columns(self.features)]
+        contrib = np.asarray(self.booster.predict(x, pred_contrib=True, num_threads=1))
         nf = len(self.features) + 1
         contrib = contrib.reshape(values.shape[0], len(PHASES), nf)[:, :, :-1]
         picked = contrib[np.arange(values.shape[0]), classes]
@@ -101,6 +101,12 @@ class Submodel:
             {self.features[j]: round(float(picked[i, j]), 4) for j in order[i]}
             for i in range(values.shape[0])
         ]
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(features: tuple[str, ...]) -> list[int]:
+    """Positions of a submodel's features in `FEATURE_NAMES` (looked up once per feature list)."""
+    return [FEATURE_NAMES.index(f) for f in features]
 
 
 def _booster_from_text(text: str) -> Any:
@@ -234,11 +240,11 @@ class PhaseModel:
             proba[idx] = p
             best = p.argmax(axis=1)
             conf = p.max(axis=1)
-            for k, i in enumerate(idx):
-                if conf[k] >= r.min_proba:
-                    labels[i] = PHASES[best[k]]
-                else:
-                    reasons[i] = f"best probability {conf[k]:.2f} < {r.min_proba}"
+            called = conf >= r.min_proba
+            for i, b in zip(idx[called].tolist(), best[called].tolist(), strict=True):
+                labels[i] = PHASES[b]
+            for i, c in zip(idx[~called].tolist(), conf[~called].tolist(), strict=True):
+                reasons[i] = f"best probability {c:.2f} < {r.min_proba}"
             if evidence:
                 for j, e in zip(idx, sub.contributions(wf.values[idx], best), strict=True):
                     ev[int(j)] = e
