@@ -23,7 +23,7 @@ import numpy as np
 from phasescope.classify.decide import finite_or_none
 from phasescope.classify.model import PhaseModel
 from phasescope.live_state import LiveState
-from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, Trace
+from phasescope.schema import PHASES, SIGNAL_NAMES, Trace
 
 UNKNOWN = "unknown"
 MAX_BANDS = 500  # phase bands kept per device (the dashboard's coloured stretches)
@@ -66,17 +66,6 @@ class _DeviceTrack:
     candidate_since: float = math.nan
     candidate_runs: int = 0
     bands: deque[PhaseBand] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
-
-
-def device_info(state: LiveState, uuid: str) -> DeviceInfo:
-    """The device's identity (its model name lets the features look up limits the trace lacks)."""
-    getter = getattr(state, "device_info", None)  # LiveState API, where present
-    if getter is not None:
-        info: DeviceInfo = getter(uuid)
-        return info
-    with state._lock:  # older LiveState: read the entry directly
-        dev = state._devices.get(uuid)
-        return dev.info if dev is not None else DeviceInfo(uuid)
 
 
 class LiveClassifier:
@@ -137,7 +126,7 @@ class LiveClassifier:
         rows = np.zeros(int(keep.sum()), dtype=bool)
         for v in cols.values():
             rows |= np.isfinite(v)
-        return Trace(device_info(state, uuid), times[keep][rows], {s: v[rows] for s, v in cols.items()})
+        return Trace(state.device_info(uuid), times[keep][rows], {s: v[rows] for s, v in cols.items()})
 
     def _judge(self, trace: Trace) -> tuple[str, dict[str, float]]:
         """(label of the newest judged window, its probabilities); ("unknown", {}) when none was judged."""

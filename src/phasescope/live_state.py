@@ -308,6 +308,11 @@ class LiveState:
             dev = self._devices.get(uuid)
             return dev.info if dev is not None else DeviceInfo(uuid)
 
+    def processes(self) -> dict[str, list[ProcessSample]]:
+        """uuid -> the processes the newest tick saw on that device (a lost device has none)."""
+        with self._lock:
+            return {uuid: list(dev.processes) for uuid, dev in self._devices.items() if dev.processes}
+
     def phase(self, uuid: str) -> PhaseView | None:
         with self._lock:
             return self._phases.get(uuid)

@@ -19,7 +19,7 @@ from phasescope.config import PriceConfig
 from phasescope.kpi.cost import Prices, cost_of
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.live_annotate import Annotator, HookKpiReader
-from phasescope.live_classify import LiveClassifier, PhaseReading, device_info
+from phasescope.live_classify import LiveClassifier, PhaseReading
 from phasescope.live_state import LiveState, Row
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
@@ -161,7 +161,7 @@ class Agent:
         for uuid in self.state.device_uuids():
             lost = self.state.is_lost(uuid)
             latest = np.full(len(SIGNAL_NAMES), np.nan) if lost else self.state.latest(uuid)
-            out.append((device_info(self.state, uuid), latest, self.classifier.reading(uuid), lost))
+            out.append((self.state.device_info(uuid), latest, self.classifier.reading(uuid), lost))
         return out
 
     def energy_by_device(self) -> dict[str, dict[str, tuple[float, float, float]]]:

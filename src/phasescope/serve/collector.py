@@ -29,7 +29,6 @@ from phasescope.sources.containers import ContainerResolver, merge_labels
 from phasescope.sources.host import is_host_device
 
 if TYPE_CHECKING:
-    from phasescope.live_state import LiveState
     from phasescope.serve.agent import Agent
 
 
@@ -43,14 +42,6 @@ ATTRIBUTION_TTL_S = 10.0
 # Per GPU: the pod/namespace/container its containers agree on (None: none named), and (pid, labels)
 # per containerised process.
 _DevicePods = tuple[list[str] | None, list[tuple[str, list[str]]]]
-
-
-def device_processes(state: LiveState) -> dict[str, list[ProcessSample]]:
-    """uuid -> the processes the newest tick saw on that device (a lost device has none)."""
-    # LiveState has no public reader for these yet; read its entries under its own lock, as
-    # live_classify.device_info does for older LiveStates.
-    with state._lock:
-        return {uuid: list(dev.processes) for uuid, dev in state._devices.items() if dev.processes}
 
 
 class PhasescopeCollector:
@@ -82,7 +73,7 @@ class PhasescopeCollector:
         host_labels = list(mn.HOST_LABELS)
         host_signals = {s: _family(m, host_labels) for s, m in mn.HOST_METRICS.items()}
         by_device = agent.energy_by_device()
-        pods = self._attribution(device_processes(agent.state))
+        pods = self._attribution(agent.state.processes())
         for info, latest, reading, _lost in agent.devices():
             if is_host_device(info):
                 for s, fam in host_signals.items():
