@@ -5,9 +5,15 @@ labelled spans) are tiled to `--hours` per GPU at 1 Hz, each GPU starting at its
 OpenMetrics and backfilled with `promtool tsdb create-blocks-from openmetrics`. /usr/bin/prometheus
 then serves that TSDB on loopback. Timed: `phasescope.fleet.scan` over the whole range, once for a
 selector that matches 100 GPUs and once for all of them, `--repeat` times each (the first pass also
-reads the blocks from disk). The TSDB is kept in `--workdir` and reused when it matches.
+reads the blocks from disk), and for each `--workers` count in turn. The TSDB is kept in `--workdir`
+and reused when it matches.
 
-    .venv/bin/python benchmarks/bench_fleet.py --gpus 1000 --hours 1
+Columns: total = the pass end to end (wall); query and classify = their wall seconds summed over the
+worker processes (they overlap, so with 2 workers they add up to more than the total); CPU seconds of
+Prometheus (from /proc), of our decoding (HTTP, JSON, grid) and of our classification; the 1-minute
+load average after the pass, since the machine may be shared.
+
+    .venv/bin/python benchmarks/bench_fleet.py --gpus 1000 --hours 1 --workers 1,2
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -31,6 +36,9 @@ import numpy as np
 
 from phasescope.classify.model import PhaseModel
 from phasescope.fleet import openmetrics
+from phasescope.fleet.collect import fetch_traces
+from phasescope.fleet.judge import judge_all
+from phasescope.fleet.prom import PromClient
 from phasescope.fleet.scan import ScanOptions, scan
 from phasescope.schema import DeviceInfo, Trace
 from phasescope.sources.replay import read
@@ -79,6 +87,12 @@ def fleet_traces(n: int, seconds: int, end: float) -> tuple[list[Trace], dict[st
     return traces, labels
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc), to split the work from Prometheus'."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def prom_version() -> str:
     out = subprocess.run(["prometheus", "--version"], capture_output=True, text=True)
     return (out.stdout or out.stderr).split()[2]
@@ -125,6 +139,21 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=100, help="GPUs in the smaller (selector) run")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--workers", default="0", help="fleet worker processes, comma-separated to compare (0: one per CPU)"
+    )
+    ap.add_argument(
+        "--batch-samples",
+        default=str(ScanOptions.max_samples),
+        help="most samples per query, comma-separated to compare",
+    )
+    ap.add_argument(
+        "--check-identical",
+        action="store_true",
+        help="also classify all GPUs in one process (fetch_traces + judge_all, 4M-sample batches) and "
+        "count the verdict documents equal to those of the last pass",
+    )
+    ap.add_argument("--labels-out", default="", help="append GPU, label, current phase per pass here (TSV)")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "phasescope-bench-fleet"))
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -164,23 +193,61 @@ def main() -> None:
         digits = len(str(args.small - 1))
         small_sel = '{uuid=~"GPU-bench-' + "0" * (4 - digits) + "[0-9]" * digits + '"}' if args.small else ""
         print(f"\nPrometheus {prom_version()}, {os.cpu_count()} CPUs, range {seconds} s at 1 s step\n")
-        print("| GPUs | pass | query s | classify s | total s | samples | correct label |")
-        print("|---|---|---|---|---|---|---|")
-        for sel, n in ((small_sel, args.small), ("", args.gpus)):
-            for k in range(args.repeat):
-                opts = ScanOptions(url=url, since_s=seconds - 1, end=end, step_s=1.0, selector=sel)
-                r = scan(opts, model=model)
-                assert len(r.verdicts) == n, (len(r.verdicts), n)
-                right = sum(
-                    v.label == labels[v.uuid] or (v.label == "held_idle" and labels[v.uuid] == "idle")
-                    for v in r.verdicts
+        print(
+            "| GPUs | pass | workers | batch | queries | total s | query s | classify s "
+            "| CPU s: Prometheus | CPU s: decode | CPU s: classify | samples | correct label | load 1 min |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        workers_list = [int(w) for w in args.workers.split(",")]
+        batch_list = [int(b) for b in args.batch_samples.split(",")]
+        # the settings alternate pass by pass, so that they see the same machine load
+        runs = [
+            (sel, n, k, w, b)
+            for sel, n in ((small_sel, args.small), ("", args.gpus))
+            for k in range(args.repeat)
+            for w in workers_list
+            for b in batch_list
+        ]
+        for sel, n, k, workers, batch in runs:
+            opts = ScanOptions(
+                url=url,
+                since_s=seconds - 1,
+                end=end,
+                step_s=1.0,
+                selector=sel,
+                workers=workers,
+                max_samples=batch,
+            )
+            prom_cpu = cpu_seconds(prom.pid)
+            r = scan(opts, model=model)
+            prom_cpu = cpu_seconds(prom.pid) - prom_cpu
+            assert len(r.verdicts) == n, (len(r.verdicts), n)
+            right = sum(
+                v.label == labels[v.uuid] or (v.label == "held_idle" and labels[v.uuid] == "idle")
+                for v in r.verdicts
+            )
+            print(
+                f"| {n} | {k + 1} | {r.workers} | {batch / 1e6:g}M | {r.stats.queries} "
+                f"| {r.wall_s:.2f} | {r.query_s:.2f} | {r.classify_s:.2f} "
+                f"| {prom_cpu:.2f} | {r.query_cpu_s:.2f} | {r.classify_cpu_s:.2f} "
+                f"| {r.stats.samples:,} | {right / n:.1%} | {os.getloadavg()[0]:.1f} |",
+                flush=True,
+            )
+            if args.labels_out:
+                with open(args.labels_out, "a") as f:
+                    for v in r.verdicts:
+                        f.write(f"{n}\t{r.workers}\t{batch}\t{k + 1}\t{v.uuid}\t{v.label}\t{v.current}\n")
+        if args.check_identical:
+            with PromClient(url) as client:
+                traces = fetch_traces(
+                    client, start=end - seconds + 1, end=end, step=1.0, max_samples=4_000_000
                 )
-                print(
-                    f"| {n} | {k + 1} | {r.query_s:.2f} | {r.classify_s:.2f} "
-                    f"| {r.query_s + r.classify_s:.2f} "
-                    f"| {r.stats.samples:,} | {right / n:.1%} |",
-                    flush=True,
-                )
+            serial = {v.uuid: v.to_dict() for v in judge_all(traces, model)}
+            same = sum(serial.get(v.uuid) == v.to_dict() for v in r.verdicts)
+            print(
+                f"\nverdict documents equal to the single-process path: {same}/{len(r.verdicts)} "
+                f"(last pass: {r.workers} workers, {r.stats.queries} queries)"
+            )
     finally:
         os.killpg(prom.pid, signal.SIGTERM)
         prom.wait(timeout=30)
@@ -188,4 +255,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -124,7 +124,7 @@ def test_pod_info_through_the_real_prometheus(
     fleet_traces: dict[str, Trace], model: PhaseModel, tmp_path: Path
 ) -> None:
     """Agent series without pod labels plus its pod info, backfilled into /usr/bin/prometheus, then the
-    fleet's own fetch, attribution and summary."""
+    fleet's own fetch (which joins the pod info itself) and summary."""
     end = float(np.floor(time.time() / 60) * 60 - 3600)  # an hour ago: whole minutes, safely in the past
     traces = [Trace(t.device, t.time - t.time[-1] + end, t.columns, t.meta) for t in fleet_traces.values()]
     start = min(float(t.time[0]) for t in traces)
@@ -160,7 +160,7 @@ def test_pod_info_through_the_real_prometheus(
     finally:
         procs.stop()
     assert found == {u: {"pod": p, "namespace": ns} for u, (p, ns) in pods.items()}
-    s = summary(judge_all(attribution.attach(fetched, found), model))
+    s = summary(judge_all(fetched, model))  # fetch_traces attached the pods itself
     assert s["by_namespace"] == {"research": {**dict.fromkeys(s["phases"], 0), "training": 1, HELD_IDLE: 1}}
     assert set(s["by_pod"]) == {"research/llm-train-0", "research/notebook-7"}
     assert s["by_host"]["node-inference"]["inference"] == 1  # no pod: in the host table only

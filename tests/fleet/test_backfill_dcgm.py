@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from tests.fleet.harness import Procs, backfill, free_port, labelled_trace, start_prometheus
 
 from phasescope.cli.fleet import command as fleet_command
+from phasescope.fleet.scan import available_cpus
 from phasescope.schema import DeviceInfo, Trace
 
 ROWS = {  # uuid -> (labels.csv path, gpu, pod, namespace, expected fleet label)
@@ -99,6 +100,15 @@ def test_dcgm_series_with_pods_are_classified(shared_data: Path, tmp_path: Path)
         assert held["held_idle_gpu_hours"] > 0.02
         assert held["held_idle_cost"]["time_usd"] == pytest.approx(held["held_idle_gpu_hours"] * 2.5)
         assert s["waste"]["held_idle_usd"] == pytest.approx(held["held_idle_cost"]["total_usd"])
+
+        # One batch per device, classified in three worker processes: the same verdicts to the last digit.
+        r = CliRunner().invoke(fleet_command, [*args, "--workers", "3", "--batch-samples", "10000"])
+        assert r.exit_code == 0, r.output
+        pooled = json.loads(r.output)
+        assert pooled["timing"]["workers"] == 3 and pooled["fetched"]["queries"] == len(ROWS)
+        # default: one worker per CPU, at most one per device here (a batch per device at most)
+        assert doc["timing"]["workers"] == min(available_cpus(), len(ROWS))
+        assert pooled["devices"] == doc["devices"] and pooled["summary"] == doc["summary"]
 
         # Shards split the fleet without overlap or loss.
         seen: list[str] = []

@@ -50,6 +50,21 @@ def test_parse_matrix_other_layouts_and_empty(fleet_traces: dict[str, Trace]) ->
     got = parse_matrix(pretty)
     np.testing.assert_array_equal(got[0].values, t["power"][:50])
     assert parse_matrix(_answer([])) == []
+    # One line, spaces after the commas: the compact reading fails, the one that strips spaces does not.
+    two = _answer(
+        [({"uuid": "GPU-y"}, t.time[:40], t["power"][:40]), ({"uuid": "GPU-z"}, t.time[:2], t["power"][:2])]
+    )
+    spaced = parse_matrix(two.replace(b",", b", "))
+    assert [s.labels for s in spaced] == [{"uuid": "GPU-y"}, {"uuid": "GPU-z"}]
+    np.testing.assert_array_equal(spaced[0].values, t["power"][:40])
+    np.testing.assert_array_equal(spaced[1].time, t.time[:2])
+    # A series with no samples, then one with samples.
+    empty = _answer(
+        [({"uuid": "GPU-e"}, t.time[:0], t["power"][:0]), ({"uuid": "GPU-f"}, t.time[:3], t["power"][:3])]
+    )
+    got = parse_matrix(empty)
+    assert [s.time.size for s in got] == [0, 3] and got[1].labels == {"uuid": "GPU-f"}
+    np.testing.assert_array_equal(got[1].values, t["power"][:3])
 
 
 def test_parse_matrix_errors_are_one_line() -> None:

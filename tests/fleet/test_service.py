@@ -26,7 +26,9 @@ def _result(traces: dict[str, Trace], model: PhaseModel) -> ScanResult:
     vs = judge_all(traces.values(), model)
     start = min(t.time[0] for t in traces.values())
     end = max(t.time[-1] for t in traces.values())
-    return ScanResult(start, end, vs, FetchStats(devices=len(vs)), 0.5, 0.25, model.version, "1/2")
+    return ScanResult(
+        start, end, vs, FetchStats(devices=len(vs)), 0.5, 0.25, model.version, "1/2", wall_s=0.6, workers=2
+    )
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -65,6 +67,7 @@ def test_metrics_page_and_api(fleet_traces: dict[str, Trace], model: PhaseModel)
     probs = _get(m, "phasescope_fleet_gpu_phase_probability", uuid="GPU-training")
     assert len(probs) == 4 and sum(probs) == pytest.approx(1.0)
     assert _get(m, "phasescope_fleet_pass_seconds", part="query") == [0.5]
+    assert _get(m, "phasescope_fleet_pass_seconds", part="total") == [0.6]
     assert _get(m, "phasescope_fleet_shard_info", shard="1", shards="2") == [1.0]
 
     html = page_html(svc)

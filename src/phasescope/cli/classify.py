@@ -110,7 +110,7 @@ def _confidence(segs: Sequence[decide.Segment], label: str) -> float:
 
 
 def _num(v: float) -> float | None:
-    return float(v) if math.isfinite(v) else None
+    return decide.finite_or_none(float(v))  # float(): numpy scalars are not all JSON-serialisable
 
 
 # --- human output ------------------------------------------------------------------------------------

@@ -66,16 +66,18 @@ def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) 
 @click.option(
     "--batch-samples",
     type=click.IntRange(min=10_000),
-    default=4_000_000,
+    default=ScanOptions.max_samples,
     show_default=True,
-    help="Samples asked for in one query (keep below the server's query.max-samples).",
+    help="Most samples asked for in one query (below the server's query.max-samples); "
+    "answers of ~1M samples cost Prometheus less per sample than larger ones.",
 )
 @click.option(
-    "--concurrency",
-    type=click.IntRange(1, 32),
-    default=2,
+    "--workers",
+    type=click.IntRange(0, 256),
+    default=0,
     show_default=True,
-    help="Queries in flight at once.",
+    help="Processes that each query a batch and classify it while the others wait on the server "
+    "(so also the queries in flight); 0: one per CPU available.",
 )
 @click.option(
     "--timeout",
@@ -118,7 +120,7 @@ def command(
     price_kwh: float | None,
     config_path: str | None,
     batch_samples: int,
-    concurrency: int,
+    workers: int,
     timeout_s: float,
     serve: bool,
     every: str,
@@ -141,7 +143,7 @@ def command(
         shard=parse_shard(shard_text),
         held_mem_bytes=held_mem_gib * 1024**3,
         max_samples=batch_samples,
-        concurrency=concurrency,
+        workers=workers,
         timeout_s=timeout_s,
     )
 
@@ -180,7 +182,8 @@ def command(
     console.print(
         f"[dim]{result.stats.devices} devices, {result.stats.series} series, "
         f"{result.stats.samples:,} samples; "
-        f"query {result.query_s:.2f}s, classify {result.classify_s:.2f}s; model {result.model_version}[/dim]"
+        f"{result.wall_s:.2f}s end to end with {result.workers} worker(s): query {result.query_s:.2f}s, "
+        f"classify {result.classify_s:.2f}s summed over them; model {result.model_version}[/dim]"
     )
 
 

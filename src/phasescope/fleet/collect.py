@@ -3,7 +3,8 @@
 1. `/api/v1/series` lists the devices that have any known metric in the range (labels only, cheap).
 2. Devices are kept or dropped by shard (`shard.py`), then queried in batches with `query_range`:
    one query per batch names the devices by a uuid regex and asks for every known metric at once, and the
-   batch is sized so that one answer stays under `max_samples` samples.
+   batch is sized so that one answer stays under `max_samples` samples, and so that there are enough
+   batches to keep every worker busy (`plan_fetch(parts=...)`, see `scan.py`).
 3. The step-aligned answers land on one time grid per device; a signal held by several series (both
    metric families, or a pod label that came and went) is filled from the first that has a value.
 """
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from phasescope.errors import InputError
-from phasescope.fleet import names
+from phasescope.fleet import attribution, names
 from phasescope.fleet.prom import PromClient, Series, escape_regex, selector_body
 from phasescope.fleet.shard import Shard
 from phasescope.schema import DeviceInfo, FloatArray, Trace
@@ -176,6 +177,64 @@ def fetch_limits(
     return out
 
 
+@dataclass
+class FetchPlan:
+    """What one pass asks for: the devices in batches, the grid, and each device's limits."""
+
+    start: float
+    end: float
+    step: float
+    n_points: int
+    selector_body: str
+    mmap: names.MetricMap
+    devices: list[_Device]
+    batches: list[list[_Device]]
+    limits: dict[str, dict[str, float]]
+    pods: dict[str, dict[str, str]]  # device key -> the agent's pod attribution (fleet/attribution.py)
+
+
+def plan_fetch(
+    client: PromClient,
+    *,
+    start: float,
+    end: float,
+    step: float = 1.0,
+    selector: str = "",
+    shard: Shard | None = None,
+    max_samples: int = 1_000_000,
+    parts: int = 1,
+) -> FetchPlan:
+    """Discover the devices (after the shard) and cut them into batches of at most `max_samples`
+    samples, and into at least `parts` batches where there are that many devices, so that
+    several workers get even shares."""
+    if not end > start:
+        raise InputError("--since", "time range", "an end after the start", f"{start}..{end}")
+    mmap = names.metric_map()
+    devices = discover(client, start, end, selector, mmap)
+    if shard is not None:
+        devices = [d for d in devices if shard.owns(d.key)]
+    n_points = int(np.floor((end - start) / step + 1e-9)) + 1
+    total = sum(max(len(d.metrics), 1) for d in devices) * n_points
+    budget = min(max_samples, max(-(-total // max(parts, 1)), 1))
+    limits = fetch_limits(client, devices, end, end - start) if devices else {}
+    batches = list(_batches(devices, n_points, budget))
+    pods = attribution.fetch(client, start, end) if devices else {}
+    body = selector_body(selector)
+    return FetchPlan(start, end, step, n_points, body, mmap, devices, batches, limits, pods)
+
+
+def fetch_batch(client: PromClient, plan: FetchPlan, batch: list[_Device]) -> tuple[list[Trace], int, int]:
+    """One `query_range` for a batch of devices: (their Traces, series, samples)."""
+    label = batch[0].label_name
+    regex = "|".join(escape_regex(d.key.split("/gi")[0]) for d in batch)
+    metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in plan.mmap.metrics}))
+    query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', plan.selector_body)
+    series = client.query_range(query, plan.start, plan.end, plan.step)
+    samples = sum(s.time.size for s in series)
+    traces = build_traces(batch, series, plan.start, plan.step, plan.n_points, plan.mmap, plan.limits)
+    return attribution.attach(traces, plan.pods), len(series), samples
+
+
 def fetch_traces(
     client: PromClient,
     *,
@@ -184,48 +243,31 @@ def fetch_traces(
     step: float = 1.0,
     selector: str = "",
     shard: Shard | None = None,
-    max_samples: int = 4_000_000,
+    max_samples: int = 1_000_000,
     concurrency: int = 2,
     stats: FetchStats | None = None,
-    on_batch: Callable[[list[Trace]], None] | None = None,
 ) -> list[Trace]:
-    """Every device's Trace over [start, end] at `step` seconds (see the module doc)."""
-    if not end > start:
-        raise InputError("--since", "time range", "an end after the start", f"{start}..{end}")
+    """Every device's Trace over [start, end] at `step` seconds (see the module doc), `concurrency`
+    queries in flight. `scan` does not use this: it classifies each batch as it lands."""
     t0 = time.perf_counter()
     stats = stats if stats is not None else FetchStats()
-    mmap = names.metric_map()
-    body = selector_body(selector)
-    devices = discover(client, start, end, selector, mmap)
-    if shard is not None:
-        devices = [d for d in devices if shard.owns(d.key)]
-    stats.devices = len(devices)
-    if not devices:
-        stats.seconds = time.perf_counter() - t0
-        return []
-    limits = fetch_limits(client, devices, end, end - start)
-    n_points = int(np.floor((end - start) / step + 1e-9)) + 1
+    plan = plan_fetch(
+        client, start=start, end=end, step=step, selector=selector, shard=shard, max_samples=max_samples
+    )
+    stats.devices = len(plan.devices)
     lock = threading.Lock()
 
     def one(batch: list[_Device]) -> list[Trace]:
-        label = batch[0].label_name
-        regex = "|".join(escape_regex(d.key.split("/gi")[0]) for d in batch)
-        metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in mmap.metrics}))
-        query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', body)
-        series = client.query_range(query, start, end, step)
+        traces, n_series, n_samples = fetch_batch(client, plan, batch)
         with lock:
             stats.queries += 1
-            stats.series += len(series)
-            stats.samples += sum(s.time.size for s in series)
-        traces = build_traces(batch, series, start, step, n_points, mmap, limits)
-        if on_batch is not None:
-            on_batch(traces)
+            stats.series += n_series
+            stats.samples += n_samples
         return traces
 
     out: list[Trace] = []
-    batches = list(_batches(devices, n_points, max_samples))
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for traces in pool.map(one, batches):
+        for traces in pool.map(one, plan.batches):
             out.extend(traces)
     stats.seconds = time.perf_counter() - t0
     return out

@@ -71,7 +71,7 @@ class DeviceVerdict:
 
 
 def _num(x: float) -> float | None:
-    return round(x, 4) if math.isfinite(x) else None
+    return decide.finite_or_none(round(float(x), 4))  # 4 digits: a fleet JSON has thousands of them
 
 
 def _held_segments(

@@ -46,16 +46,17 @@ def metric_map(signals: Iterable[str] = PAPER_SIGNALS) -> MetricMap:
     return MetricMap(out)
 
 
-# Label names, most specific first. dcgm-exporter spells them its own way; Kubernetes service discovery
-# that relabels a pod's own labels gives `exported_*` when the exporter already set one.
+# Label names, most specific first. dcgm-exporter spells them its own way. exported_* come first: when a
+# scrape job sets `pod`/`namespace` target labels (the exporter's own pod), Prometheus renames the
+# exporter's labels (the GPU user's pod) to exported_*, and the plain name then names the exporter.
 DEVICE_LABELS = ("uuid", "UUID")
 MIG_LABELS = ("GPU_I_ID",)
 HOST_LABELS = ("host", "Hostname", "hostname", "node", "instance")
 MODEL_LABELS = ("model", "modelName")
 INDEX_LABELS = ("gpu",)
-POD_LABELS = ("pod", "exported_pod", "pod_name")
-NAMESPACE_LABELS = ("namespace", "exported_namespace", "pod_namespace")
-CONTAINER_LABELS = ("container", "exported_container", "container_name")
+POD_LABELS = ("exported_pod", "pod", "pod_name")
+NAMESPACE_LABELS = ("exported_namespace", "namespace", "pod_namespace")
+CONTAINER_LABELS = ("exported_container", "container", "container_name")
 
 
 def first_label(labels: Mapping[str, str], names: Iterable[str]) -> str:

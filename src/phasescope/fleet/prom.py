@@ -161,8 +161,7 @@ def parse_matrix(body: bytes, where: str = "query_range") -> list[Series]:
     if b'"success"' not in head and b'"status"' in head:
         raise SourceError(f"{where}: {_api_error(body)}")
     labels: list[dict[str, str]] = []
-    chunks: list[bytes] = []
-    counts: list[int] = []
+    spans: list[tuple[int, int]] = []  # each series' sample pairs, without the outer brackets
     pos = 0
     for m in _SERIES_RE.finditer(body):
         if m.start() < pos:
@@ -171,35 +170,59 @@ def parse_matrix(body: bytes, where: str = "query_range") -> list[Series]:
             labels.append(json.loads(m.group(1)))
         except json.JSONDecodeError:
             raise SourceError(f"{where}: a series' labels are not JSON: {m.group(1)[:60]!r}") from None
+        if body[m.end() : m.end() + 1] == b"]":  # "values":[]
+            spans.append((m.end(), m.end()))
+            pos = m.end() + 1
+            continue
         stop = body.find(b"]]", m.end())
         if stop < 0:
             raise SourceError(f"{where}: a series' values are cut off")
-        pairs = body[m.end() : stop + 1].translate(None, _WS)  # [t,"v"],[t,"v"]
+        spans.append((m.end() + 1, stop))
         pos = stop + 2
-        if pairs in (b"", b"]"):
-            counts.append(0)
-            continue
-        chunks.append(pairs[1:-1].replace(b"],[", b"\n"))
-        counts.append(chunks[-1].count(b"\n") + 1)
     if not labels:
         return _parse_matrix_json(body, where)
-    if chunks:
-        try:
-            table = pacsv.read_csv(io.BytesIO(b"\n".join(chunks)), _CSV_READ, convert_options=_CSV_CONVERT)
-        except (pa.ArrowInvalid, ValueError) as exc:
-            raise SourceError(f'{where}: sample pairs are not [time, "value"]: {str(exc)[:80]}') from None
-        t_all = table.column("t").to_numpy()
-        v_all = table.column("v").to_numpy()  # "NaN" reads as null -> NaN
-    else:
-        t_all = v_all = np.zeros(0)
-    if t_all.size != sum(counts):
+    # Prometheus writes no whitespace: skip stripping it unless the compact reading fails.
+    cols = _pairs(body, spans, where, strip=False, strict=False) or _pairs(body, spans, where, strip=True)
+    if cols is None:
         return _parse_matrix_json(body, where)
+    t_all, v_all, counts = cols
     out: list[Series] = []
     i = 0
     for lab, n in zip(labels, counts, strict=True):
         out.append(Series(lab, t_all[i : i + n], v_all[i : i + n]))
         i += n
     return out
+
+
+def _pairs(
+    body: bytes, spans: list[tuple[int, int]], where: str, *, strip: bool, strict: bool = True
+) -> tuple[FloatArray, FloatArray, list[int]] | None:
+    """All series' [t,"v"] pairs as two columns, in one Arrow CSV read, and each series' count.
+    None when the samples do not add up (an unusual layout) or, unless `strict`, do not parse."""
+    chunks: list[bytes] = []
+    counts: list[int] = []
+    for a, b in spans:
+        pairs = body[a:b]
+        if strip:
+            pairs = pairs.translate(None, _WS)
+        if not pairs:
+            counts.append(0)
+            continue
+        chunks.append(pairs.replace(b"],[", b"\n"))
+        counts.append(chunks[-1].count(b"\n") + 1)
+    if not chunks:
+        return np.zeros(0), np.zeros(0), counts
+    try:
+        table = pacsv.read_csv(io.BytesIO(b"\n".join(chunks)), _CSV_READ, convert_options=_CSV_CONVERT)
+    except (pa.ArrowInvalid, ValueError) as exc:
+        if not strict:
+            return None
+        raise SourceError(f'{where}: sample pairs are not [time, "value"]: {str(exc)[:80]}') from None
+    t_all = table.column("t").to_numpy()
+    v_all = table.column("v").to_numpy()  # "NaN" reads as null -> NaN
+    if t_all.size != sum(counts):
+        return None
+    return t_all, v_all, counts
 
 
 def _parse_matrix_json(body: bytes, where: str) -> list[Series]:

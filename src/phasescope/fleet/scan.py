@@ -1,19 +1,43 @@
-"""One fleet pass: fetch every device's series from Prometheus, classify them, time both halves."""
+"""One fleet pass: fetch every device's series from Prometheus, classify them, time both halves.
+
+The parent process lists the devices and cuts them into batches (`collect.plan_fetch`). With several
+workers, each batch then goes to a worker process that queries it and classifies it, so that while
+Prometheus answers one worker's query another classifies the batch it has just received. The
+workers are forked from the parent, so they share its loaded model and price table instead of
+rebuilding them. With one worker, or one batch, everything runs in the parent, batch after batch.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
 from phasescope.classify.model import PhaseModel
-from phasescope.fleet.collect import FetchStats, fetch_traces
+from phasescope.errors import PhasescopeError, SourceError
+from phasescope.fleet.collect import FetchPlan, FetchStats, fetch_batch, plan_fetch
 from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES, DeviceVerdict, judge_all
 from phasescope.fleet.prom import PromClient
 from phasescope.fleet.shard import Shard
 from phasescope.fleet.summary import summary
 from phasescope.kpi.cost import Prices
+
+# Batches per worker: several, so that a worker that drew slow batches does not leave the others idle
+# at the end of the pass.
+BATCHES_PER_WORKER = 4
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one, as in a container)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -25,8 +49,8 @@ class ScanOptions:
     selector: str = ""
     shard: Shard | None = None
     held_mem_bytes: float = DEFAULT_HELD_MEM_BYTES
-    max_samples: int = 4_000_000
-    concurrency: int = 2
+    max_samples: int = 1_000_000
+    workers: int = 0  # processes that query and classify batches; 0 = the CPUs available
     timeout_s: float = 120.0
 
 
@@ -36,11 +60,15 @@ class ScanResult:
     end: float
     verdicts: list[DeviceVerdict]
     stats: FetchStats
-    query_s: float
-    classify_s: float
+    query_s: float  # listing the devices, plus each batch's query and decoding, summed over workers
+    classify_s: float  # each batch's classification, summed over workers
     model_version: str
     shard: str = ""
     finished_at: float = field(default_factory=time.time)
+    wall_s: float = 0.0  # the pass end to end; below query_s + classify_s when workers overlap
+    workers: int = 1
+    query_cpu_s: float = 0.0  # CPU time of this side (not the server's) in the query part
+    classify_cpu_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,7 +76,14 @@ class ScanResult:
             "end": self.end,
             "shard": self.shard,
             "model_version": self.model_version,
-            "timing": {"query_s": round(self.query_s, 3), "classify_s": round(self.classify_s, 3)},
+            "timing": {
+                "wall_s": round(self.wall_s, 3),
+                "query_s": round(self.query_s, 3),
+                "classify_s": round(self.classify_s, 3),
+                "query_cpu_s": round(self.query_cpu_s, 3),
+                "classify_cpu_s": round(self.classify_cpu_s, 3),
+                "workers": self.workers,
+            },
             "fetched": {
                 "devices": self.stats.devices,
                 "queries": self.stats.queries,
@@ -60,16 +95,81 @@ class ScanResult:
         }
 
 
+@dataclass
+class _BatchResult:
+    verdicts: list[DeviceVerdict]
+    series: int
+    samples: int
+    query_s: float
+    classify_s: float
+    query_cpu_s: float
+    classify_cpu_s: float
+
+
+@dataclass
+class _Job:
+    client: PromClient
+    plan: FetchPlan
+    model: PhaseModel
+    prices: Callable[[str], Prices] | None
+    held_mem_bytes: float
+
+    def run(self, i: int) -> _BatchResult:
+        w0, c0 = time.perf_counter(), time.process_time()
+        traces, n_series, n_samples = fetch_batch(self.client, self.plan, self.plan.batches[i])
+        w1, c1 = time.perf_counter(), time.process_time()
+        verdicts = judge_all(traces, self.model, self.prices, self.held_mem_bytes)
+        w2, c2 = time.perf_counter(), time.process_time()
+        return _BatchResult(verdicts, n_series, n_samples, w1 - w0, w2 - w1, c1 - c0, c2 - c1)
+
+
+_WORKER_JOB: _Job | None = None  # set once in each worker process
+
+
+def _worker_init(opts: ScanOptions, plan: FetchPlan, model: PhaseModel, prices: Any) -> None:
+    global _WORKER_JOB
+    client = PromClient(opts.url, timeout_s=opts.timeout_s)  # its own connection, not the parent's
+    _WORKER_JOB = _Job(client, plan, model, prices, opts.held_mem_bytes)
+
+
+def _worker_run(i: int) -> _BatchResult:
+    assert _WORKER_JOB is not None
+    try:
+        return _WORKER_JOB.run(i)
+    except PhasescopeError as exc:  # re-raised in the parent; InputError cannot be rebuilt from pickle
+        raise SourceError(str(exc)) from None
+
+
+def _in_workers(
+    opts: ScanOptions, plan: FetchPlan, model: PhaseModel, prices: Any, n: int
+) -> list[_BatchResult]:
+    # fork: the workers inherit the parsed model and the price callable instead of receiving copies.
+    ctx = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(
+            n, ctx, initializer=_worker_init, initargs=(opts, plan, model, prices)
+        ) as pool:
+            return list(pool.map(_worker_run, range(len(plan.batches))))
+    except BrokenProcessPool:
+        raise SourceError(
+            f"fleet: a worker process died while classifying {len(plan.devices)} devices "
+            "(out of memory? try fewer --workers or a smaller --batch-samples)"
+        ) from None
+
+
 def scan(
     opts: ScanOptions, model: PhaseModel | None = None, prices: Callable[[str], Prices] | None = None
 ) -> ScanResult:
     model = model or PhaseModel.load()
     end = opts.end if opts.end is not None else time.time()
     start = end - opts.since_s
+    workers = opts.workers if opts.workers > 0 else available_cpus()
+    if "fork" not in multiprocessing.get_all_start_methods():
+        workers = 1
     stats = FetchStats()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with PromClient(opts.url, timeout_s=opts.timeout_s) as client:
-        traces = fetch_traces(
+        plan = plan_fetch(
             client,
             start=start,
             end=end,
@@ -77,12 +177,41 @@ def scan(
             selector=opts.selector,
             shard=opts.shard,
             max_samples=opts.max_samples,
-            concurrency=opts.concurrency,
-            stats=stats,
+            parts=workers * BATCHES_PER_WORKER if workers > 1 else 1,
         )
-    t1 = time.perf_counter()
-    verdicts = judge_all(traces, model, prices, opts.held_mem_bytes)
-    t2 = time.perf_counter()
+        plan_s, plan_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        workers = min(workers, len(plan.batches))
+        results: list[_BatchResult] | Iterator[_BatchResult]
+        if workers > 1:
+            results = _in_workers(opts, plan, model, prices, workers)
+        else:
+            job = _Job(client, plan, model, prices, opts.held_mem_bytes)
+            results = [job.run(i) for i in range(len(plan.batches))]
+    stats.devices = len(plan.devices)
+    verdicts: list[DeviceVerdict] = []
+    query_s, query_cpu_s, classify_s, classify_cpu_s = plan_s, plan_cpu_s, 0.0, 0.0
+    for r in results:
+        verdicts.extend(r.verdicts)
+        stats.queries += 1
+        stats.series += r.series
+        stats.samples += r.samples
+        query_s += r.query_s
+        query_cpu_s += r.query_cpu_s
+        classify_s += r.classify_s
+        classify_cpu_s += r.classify_cpu_s
+    wall_s = time.perf_counter() - t0
+    stats.seconds = wall_s
     return ScanResult(
-        start, end, verdicts, stats, t1 - t0, t2 - t1, model.version, str(opts.shard) if opts.shard else ""
+        start,
+        end,
+        verdicts,
+        stats,
+        query_s,
+        classify_s,
+        model.version,
+        str(opts.shard) if opts.shard else "",
+        wall_s=wall_s,
+        workers=max(workers, 1),
+        query_cpu_s=query_cpu_s,
+        classify_cpu_s=classify_cpu_s,
     )

@@ -175,8 +175,11 @@ class FleetCollector:
                 value=w["held_idle_usd"],
             )
         dur = GaugeMetricFamily(
-            "phasescope_fleet_pass_seconds", "Duration of the last pass, by part", labels=["part"]
+            "phasescope_fleet_pass_seconds",
+            "Duration of the last pass: total, and by part summed over workers",
+            labels=["part"],
         )
+        dur.add_metric(["total"], r.wall_s)  # query and classify overlap across workers: they sum above it
         dur.add_metric(["query"], r.query_s)
         dur.add_metric(["classify"], r.classify_s)
         yield dur
@@ -234,7 +237,8 @@ def page_html(service: FleetService) -> str:
         head,
         f"<p>{s['gpus']} GPUs, {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r.start))} to "
         f"{time.strftime('%H:%M:%S', time.gmtime(r.end))} UTC; shard {html.escape(r.shard or 'all')}; "
-        f"query {r.query_s:.1f}s, classify {r.classify_s:.1f}s.</p>",
+        f"pass {r.wall_s:.1f}s with {r.workers} worker(s) (query {r.query_s:.1f}s, "
+        f"classify {r.classify_s:.1f}s summed over them).</p>",
         f"<p><b>held-idle waste:</b> {w['held_idle_gpu_hours']:.2f} GPU-hours, {w['held_idle_kwh']:.2f} kWh"
         + (f", ${usd:,.2f}" if usd is not None else " (no prices set)")
         + "</p>",
