@@ -2,9 +2,13 @@
 
 Two workloads on the CPU, single-threaded: a training step of a small transformer LM (~10 ms: forward,
 backward, AdamW step) and an inference call of an MLP under inference_mode (~1 ms). Modes: plain, phasescope's
-hooks, torch.profiler, and two no-op global module hooks (torch's own cost of the hook API phasescope uses:
-the floor no hook through it can go below). Each repetition runs one block of calls per mode, in a shuffled
-order (interleaved, so drift and neighbours hit every mode alike).
+hooks, torch.profiler, and two no-op global module hooks (what torch charges for any global module hook: every
+module call takes `_call_impl`'s slow path; phasescope keeps its global hook out of torch's dict during root
+calls, so only the root pays for hooks). `--compare-with FILE` adds another version of
+phasescope/instrument/hooks.py as a fifth mode, e.g. the committed one
+(`git show HEAD:src/phasescope/instrument/hooks.py > /tmp/old_hooks.py`), so a change is measured paired, in
+the same conditions. Each repetition runs one block of calls per mode, in a shuffled order (interleaved, so
+drift and neighbours hit every mode alike).
 Time is this thread's CPU time (`time.thread_time`): torch runs single-threaded here, so the figure is the
 work done, not the time other processes on a shared machine took the core away. Per mode we report the median
 block (mean time per call); the overhead is the median over repetitions of the paired ratio to plain, and,
@@ -13,16 +17,20 @@ script also prints a model of the overhead: the hooks' cost per module call (roo
 nn.Identity over many calls) times the module calls each workload makes, over its plain time.
 The hooks' one-off FLOP and memory sample is taken during warm-up, as it would be early in a real run.
 
-    .venv/bin/python benchmarks/bench_hooks.py [--reps 15] [--block 20]
+    .venv/bin/python benchmarks/bench_hooks.py [--reps 15] [--block 20] [--fine-reps 400]
+        [--compare-with FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -142,14 +150,61 @@ def module_calls(fn: Callable[[], None]) -> int:
     return count[0]
 
 
-def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder) -> dict[str, float]:
+def fine(name: str, fn: Callable[[], None], reps: int, n: int, rng: random.Random,
+         other: Any = None) -> str:
+    """Short blocks (1/10 of the coarse ones), many repetitions, modes interleaved in shuffled order: the
+    median of per-repetition paired ratios, with its standard error (from the interquartile range), resolves
+    differences the coarse blocks cannot on a loaded machine. No profiler here (its start and stop would
+    dominate short blocks). Recorders without the background flusher: its work runs on its own thread, outside
+    this thread's CPU time, either way."""
+    recs: dict[str, Any] = {"phasescope": Recorder(None, flush_s=0)}
+    if other is not None:
+        recs["compared hooks"] = type(other)(None, flush_s=0)
+    for r in recs.values():  # their one FLOP/memory sample happens here, as in measure()
+        r.install()
+        for _ in range(4):
+            fn()
+        r.uninstall()
+    times: dict[str, list[float]] = {"plain": [], **{m: [] for m in recs}}
+    for _ in range(reps):
+        modes = list(times)
+        rng.shuffle(modes)
+        for mode in modes:
+            if mode == "plain":
+                times[mode].append(block(fn, n))
+                continue
+            recs[mode].install()
+            try:
+                times[mode].append(block(fn, n))
+            finally:
+                recs[mode].uninstall()
+
+    def paired(a: list[float], b: list[float]) -> str:
+        r = sorted(x / y for x, y in zip(a, b, strict=True))
+        q1, q3 = r[len(r) // 4], r[(3 * len(r)) // 4]
+        se = 1.2533 * (q3 - q1) / 1.349 / len(r) ** 0.5  # SE of a median, sigma from the IQR
+        return f"{100 * (statistics.median(r) - 1):+.2f}% +- {100 * se:.2f}%"
+
+    out = (f"  fine: {reps} repetitions of {n}-call blocks: phasescope "
+           f"{paired(times['phasescope'], times['plain'])} (paired median +- standard error)")
+    if other is not None:
+        out += (f"; compared hooks {paired(times['compared hooks'], times['plain'])}; phasescope / compared "
+                f"{paired(times['phasescope'], times['compared hooks'])}")
+    return out
+
+
+def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder,
+            other: Any = None, fine_reps: int = 0) -> dict[str, float]:
     for _ in range(3):
         fn()
-    rec.install()
-    for _ in range(4):  # the hooks' one FLOP/memory sample happens here, as early in a real run
-        fn()
-    rec.uninstall()
+    for r in (rec, other) if other is not None else (rec,):
+        r.install()
+        for _ in range(4):  # the hooks' one FLOP/memory sample happens here, as early in a real run
+            fn()
+        r.uninstall()
     times: dict[str, list[float]] = {"plain": [], "phasescope": [], "torch.profiler": [], "no-op hooks": []}
+    if other is not None:
+        times["compared hooks"] = []
 
     def run_mode(mode: str) -> float:
         if mode == "plain":
@@ -160,12 +215,13 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder)
                 return block(fn, n)
             finally:
                 remove()
-        if mode == "phasescope":
-            rec.install()
+        if mode in ("phasescope", "compared hooks"):
+            r = rec if mode == "phasescope" else other
+            r.install()
             try:
                 return block(fn, n)
             finally:
-                rec.uninstall()
+                r.uninstall()
         with profile(activities=[ProfilerActivity.CPU]):
             return block(fn, n)  # the profiler's trace processing at exit is not counted
 
@@ -175,6 +231,7 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder)
         rng.shuffle(modes)
         for mode in modes:
             times[mode].append(run_mode(mode))
+    fine_figures = fine(name, fn, fine_reps, max(1, n // 10), rng, other) if fine_reps else ""
     med = {m: statistics.median(v) for m, v in times.items()}
     # Paired ratios per repetition are more robust to drift than a ratio of medians.
     plain = times["plain"]
@@ -188,32 +245,59 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder)
           f"torch.profiler {med['torch.profiler'] * 1e3:.3f} ms, overhead {100 * (ratio_prof - 1):+.2f}% "
           f"(fastest blocks {100 * (best['torch.profiler'] / best['plain'] - 1):+.2f}%)")
     noop_best = 100 * (best["no-op hooks"] / best["plain"] - 1)
-    print(f"  torch's own cost of two no-op global module hooks (the floor of this API): "
+    print(f"  torch's own cost of two no-op global module hooks (every module call on the slow path): "
           f"{100 * (ratio_noop - 1):+.2f}% (fastest blocks {noop_best:+.2f}%)")
+    if other is not None:
+        ratio_other = statistics.median(h / p for h, p in zip(times["compared hooks"], plain, strict=True))
+        ratio_pair = statistics.median(h / o for h, o in zip(times["phasescope"], times["compared hooks"],
+                                                             strict=True))
+        print(f"  compared hooks ({other.__class__.__module__}): {med['compared hooks'] * 1e3:.3f} ms, "
+              f"overhead {100 * (ratio_other - 1):+.2f}% (fastest blocks "
+              f"{100 * (best['compared hooks'] / best['plain'] - 1):+.2f}%); phasescope / compared, paired: "
+              f"{100 * (ratio_pair - 1):+.2f}%")
+    if fine_figures:
+        print(fine_figures)
     calls = module_calls(fn)
     root_s, nested_s, torch_root_s, torch_nested_s = per_call_cost(rec)
     model = (root_s + (calls - 1) * nested_s) / med["plain"]
     floor = (torch_root_s + (calls - 1) * torch_nested_s) / med["plain"]
     print(f"  model: {calls} module calls per call/step (1 outermost); hooks cost {root_s * 1e6:.2f} us per "
           f"outermost and {nested_s * 1e6:.2f} us per nested module call -> overhead {100 * model:.2f}%")
-    print(f"  of which torch's dispatch of two no-op global module hooks: {torch_root_s * 1e6:.2f} us per "
-          f"outermost, {torch_nested_s * 1e6:.2f} us per nested call -> {100 * floor:.2f}% (the floor of "
-          f"this API)")
+    print(f"  for comparison, torch's dispatch of two no-op global module hooks: {torch_root_s * 1e6:.2f} us "
+          f"per outermost, {torch_nested_s * 1e6:.2f} us per nested call -> {100 * floor:.2f}%")
     return {"plain": med["plain"], "hooks": ratio_hooks, "profiler": ratio_prof, "noop": ratio_noop,
             "model": model}
+
+
+def _load_recorder(path: Path) -> Any:
+    if not path.is_file():
+        raise SystemExit(f"--compare-with: {path} is not a file (expected a copy of hooks.py)")
+    spec = importlib.util.spec_from_file_location("compared_hooks", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--compare-with: cannot import {path} as a Python module")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Recorder
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--block", type=int, default=20, help="training steps per block (inference: 10x)")
+    ap.add_argument("--compare-with", type=Path, default=None, metavar="FILE",
+                    help="another version of phasescope/instrument/hooks.py, timed as a fifth mode")
+    ap.add_argument("--fine-reps", type=int, default=400,
+                    help="repetitions of short (1/10) blocks for the paired fine figures (0: none)")
     args = ap.parse_args()
+    other_cls = _load_recorder(args.compare_with) if args.compare_with else None
     torch.manual_seed(0)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, {args.reps} interleaved repetitions, "
           f"{args.block} training steps / {args.block * 10} inference calls per block")
-    measure("training step", training_call(), args.reps, args.block, Recorder(None))
-    measure("inference call", inference_call(), args.reps, args.block * 10, Recorder(None))
+    measure("training step", training_call(), args.reps, args.block, Recorder(None),
+            other_cls(None) if other_cls else None, args.fine_reps)
+    measure("inference call", inference_call(), args.reps, args.block * 10, Recorder(None),
+            other_cls(None) if other_cls else None, args.fine_reps)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from copy import deepcopy
+from time import monotonic
 from typing import Any
 
 import numpy as np
@@ -260,15 +262,31 @@ def test_public_api_is_callable_twice() -> None:
     assert phasescope.instrument.current() is None  # type: ignore[attr-defined]
 
 
-def test_no_hook_left_on_user_modules_so_they_still_pickle(tmp_path: Any) -> None:
+def _user_hook(module: nn.Module, args: Any, out: Any) -> None:
+    """A user's own picklable forward hook."""
+
+
+def test_hooked_roots_still_pickle_and_copy_without_phasescope(tmp_path: Any) -> None:
     model = mlp()
-    with recording(), torch.no_grad():
+    with recording() as rec, torch.no_grad():
         model(torch.randn(2, 8))
         with pytest.raises(RuntimeError):
             model(torch.randn(2, 3))  # shape error inside the forward
-        model(torch.randn(2, 8))  # the failed call's hook is cleaned up here
-        assert not model._forward_hooks
+        model(torch.randn(2, 8))
+        assert model._forward_hooks and model._forward_pre_hooks  # the root carries its own hooks
+        model.register_forward_hook(_user_hook)  # the user's hook is kept, ours is left out
         torch.save(model, tmp_path / "model.pt")  # whole-module pickling must not meet a phasescope object
+        copy = deepcopy(model)
+        copy(torch.randn(2, 8))  # a copy is a new root, found by the global pre hook
+    assert b"phasescope" not in (tmp_path / "model.pt").read_bytes()
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert list(loaded._forward_hooks.values()) == [_user_hook] and not loaded._forward_pre_hooks
+    assert not loaded._forward_hooks_with_kwargs and not loaded._forward_hooks_always_called
+    # the copy carried the user's hook, so it was followed by the global hooks; uninstall removed ours
+    assert list(copy._forward_hooks.values()) == [_user_hook] == list(model._forward_hooks.values())
+    tl = timeline(rec)
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 4
+    assert len(set(tl.f_root.tolist())) == 2 and tl.flag(ev.RAISED).tolist() == [False, True, False, False]
 
 
 def test_module_calling_itself_is_one_forward() -> None:
@@ -276,14 +294,133 @@ def test_module_calling_itself_is_one_forward() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(4, 4)
+            self.returned: list[float] = []  # when the outermost call's forward returns
 
         def forward(self, x: torch.Tensor, depth: int = 2) -> torch.Tensor:
             x = self.lin(x)
-            return self(x, depth - 1) if depth else x
+            if not depth:
+                return x
+            x = self(x, depth - 1)
+            if depth == 2:
+                self.returned.append(monotonic())
+            return x
 
-    model = Recursive()
+    plain = Recursive()
+    followed = Recursive()  # a root with a hook of its own: followed by the global hooks
+    followed.register_forward_hook(_user_hook)
+    for model in (plain, followed):
+        with recording() as rec, torch.no_grad():
+            model(torch.randn(1, 4))
+            model(torch.randn(1, 4))
+        tl = timeline(rec)
+        assert tl.f_idx.size == 2
+        assert np.all(tl.f_t1 >= np.array(model.returned))  # ended by the outermost call, not an inner one
+
+
+class _Probe(nn.Module):
+    """Records how many global forward (pre) hooks torch holds while the model runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mm = torch.nn.modules.module
+        self.seen.append((len(mm._global_forward_pre_hooks), len(mm._global_forward_hooks)))
+        return x
+
+
+def test_root_mode_leaves_no_global_hook_inside_a_root_call() -> None:
+    probe = _Probe()
+    model = nn.Sequential(nn.Linear(8, 8), probe)
+    mm = torch.nn.modules.module
     with recording() as rec, torch.no_grad():
-        model(torch.randn(1, 4))
-        model(torch.randn(1, 4))
+        for _ in range(3):
+            model(torch.randn(2, 8))
+            assert len(mm._global_forward_pre_hooks) == 1 and not mm._global_forward_hooks  # the finder
+    assert probe.seen == [(0, 0)] * 3  # the first call too: submodules take torch's fast path
+    assert not model[0]._forward_hooks and not probe._forward_pre_hooks  # only the root is hooked
+    assert not mm._global_forward_pre_hooks and not model._forward_hooks and not model._forward_pre_hooks
+    assert timeline(rec).f_idx.size == 3
+
+
+def test_model_created_after_discovery_is_seen() -> None:
+    first = mlp()
+    opt = torch.optim.SGD(first.parameters(), lr=0.1)
+    with recording() as rec:
+        train_steps(first, opt, 3)
+        second = nn.Sequential(nn.Linear(8, 2))  # e.g. an evaluation model built mid-run
+        with torch.no_grad():
+            for _ in range(4):
+                second(torch.randn(7, 8))
+        train_steps(first, opt, 1)
     tl = timeline(rec)
-    assert tl.f_idx.size == 2
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 8
+    assert tl.f_root.tolist() == [0] * 3 + [1] * 4 + [0]
+    assert tl.f_trained.tolist() == [True] * 3 + [False] * 4 + [True]
+    assert tl.f_batch.tolist() == [5] * 3 + [7] * 4 + [5]
+    assert [s.phase for s in tl.segments] == ["training", "inference", "training"]
+
+
+def test_submodule_called_as_a_root_later_is_seen() -> None:
+    model = nn.Sequential(nn.Embedding(20, 8), nn.Linear(8, 20))
+    with recording() as rec, torch.no_grad():
+        for _ in range(3):
+            model(torch.randint(0, 20, (2, 5)))
+        for _ in range(4):  # a generate-style loop calling only the head
+            model[1](torch.randn(2, 8))
+        model(torch.randint(0, 20, (2, 5)))  # now the head is nested again: not a forward of its own
+    tl = timeline(rec)
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 3 + ["Linear"] * 4 + ["Sequential"]
+    assert tl.flag(ev.TOKEN_INPUT).tolist() == [True] * 3 + [False] * 4 + [True]
+
+
+def test_root_with_hooks_of_its_own_is_followed_by_global_hooks() -> None:
+    probe = _Probe()
+    model = nn.Sequential(nn.Linear(8, 8), probe)
+    handle = model.register_forward_hook(_user_hook)
+    with recording() as rec, torch.no_grad():
+        for _ in range(2):
+            model(torch.randn(3, 8))
+            assert not torch.nn.modules.module._global_forward_hooks  # only in while such a call runs
+        with pytest.raises(RuntimeError):
+            model(torch.randn(3, 5))
+        handle.remove()  # the user's handle still works: phasescope did not replace that dict
+    assert not model._forward_hooks and not torch.nn.modules.module._global_forward_hooks
+    assert probe.seen == [(1, 1)] * 2  # the slower global mode
+    tl = timeline(rec)
+    assert tl.f_idx.size == 3 and tl.flag(ev.RAISED).tolist() == [False, False, True]
+
+
+def test_second_thread_keeps_the_finder_in() -> None:
+    """Once two threads call modules, a new root in one must be found while the other is in a root call."""
+    probe = _Probe()
+    model = nn.Sequential(nn.Linear(8, 8), probe)
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(1, 8))
+        t = threading.Thread(target=lambda: mlp()(torch.randn(2, 8)))
+        t.start()
+        t.join()
+        model(torch.randn(1, 8))
+    assert probe.seen == [(0, 0), (1, 0)]
+    tl = timeline(rec)
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 3
+    assert tl.f_batch.tolist() == [1, 2, 1]
+
+
+def test_reinstall_hooks_known_roots_again() -> None:
+    model = mlp()
+    rec = Recorder(None)
+    for _ in range(3):
+        rec.install()
+        try:
+            with torch.no_grad():
+                model(torch.randn(2, 8))
+                model(torch.randn(2, 8))
+        finally:
+            rec.uninstall()
+        assert not model._forward_hooks and not torch.nn.modules.module._global_forward_pre_hooks
+    with torch.no_grad():
+        model(torch.randn(2, 8))  # not recorded
+    tl = timeline(rec)
+    assert tl.f_idx.size == 6 and tl.f_root.tolist() == [0] * 6 and len(rec.roots) == 1
