@@ -20,24 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from phasescope.classify import alert_eval, decide, train
+from phasescope.classify import alert_eval, decide, onset, train
 from phasescope.classify.dataset import Example, load_examples
 from phasescope.cli.classify import with_windows
-from phasescope.schema import PAPER_SIGNALS, Trace
+from phasescope.schema import Trace
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def needed_subsets(traces: Sequence[Trace]) -> list[str]:
-    """The largest signal subset each trace has: the only boosters the alarm cases will use."""
-    chosen: set[str] = set()
-    for t in traces:
-        present = set(t.present_signals()) & set(PAPER_SIGNALS)
-        for name, sig in train.SUBSETS.items():
-            if sig <= present:
-                chosen.add(name)
-                break
-    return [n for n in train.SUBSETS if n in chosen]
 
 
 def report(title: str, s: alert_eval.AlarmScore) -> dict[str, Any]:
@@ -101,23 +89,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=None,
                     help="window seconds of the alarm's model (default: the shipped 30 s); "
                          "the model is refitted with this window and a stride of half of it")
+    ap.add_argument("--onset", action="store_true",
+                    help="use the onset model (classify/onset.py: 15 s windows, fitted on what the alarm "
+                         "watches, windows straddling a run's start labelled by their share of training)")
+    ap.add_argument("--preroll-all", action="store_true",
+                    help="watch non-training spans with their pre-roll too (marker bursts, settling), "
+                         "as training runs are: false alerts on a workload's start-up count")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
     examples: list[Example] = load_examples(args.data)
-    cases = alert_eval.build_cases(args.data)
+    cases = alert_eval.build_cases(args.data, preroll_all=args.preroll_all)
     n_known = sum(c.onset is not None and c.onset_known for c in cases)
     print(f"{len(examples)} labelled examples, {len(cases)} alarm cases "
           f"({n_known} training runs with a recorded start)", flush=True)
     config = train.WindowConfig()
     if args.window is not None:
         config = train.WindowConfig(window_s=args.window, stride_s=args.window / 2)
-    table = train.build_table(examples, config)
+    subsets = onset.needed_subsets([c.trace for c in cases])
+    if args.onset:
+        config = onset.onset_config()
+        table = onset.build_onset_table(cases)  # one stand-in example per alarm case
+        print(f"onset table: {table.y.size} windows in {table.seconds:.1f} s", flush=True)
+    else:
+        table = train.build_table(examples, config)
     index = {id(e): i for i, e in enumerate(table.examples)}
-    subsets = needed_subsets([c.trace for c in cases])
 
     def fit(exs: Sequence[Example]) -> Any:
+        if args.onset:  # the fold's runs, through their alarm cases
+            return onset.fit_onset(table, {e.run for e in exs}, subsets)
         return train.fit_model(table, np.array([index[id(e)] for e in exs], dtype=np.int64), subsets=subsets,
                                config=config)
 
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "benchmarks/bench_alerts.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "stride_s": args.stride,
         "window_s": config.window_s,
+        "onset_model": bool(args.onset),
+        "preroll_all": bool(args.preroll_all),
         "k": args.k,
         "chosen": [{"fold": f, **p.to_dict()} for f, p in nested.chosen],
         "nested": report("alarm parameters chosen by nested CV", nested.outer),

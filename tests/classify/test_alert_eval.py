@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
-from phasescope.classify.alert_eval import AlarmCase, choose_params, run_folds, score
+from phasescope.classify.alert_eval import AlarmCase, build_cases, choose_params, run_folds, score
 from phasescope.classify.decide import AlarmParams
 from phasescope.schema import DeviceInfo, Trace
+from tests.classify._subset import write_subset
 
 
 def case(p: list[float], onset: float | None, stride: float = 15.0, window: float = 30.0) -> AlarmCase:
@@ -63,3 +65,21 @@ def test_run_folds_keep_runs_whole_and_cover_every_fold() -> None:
     runs = [f"r{i % 10}" for i in range(50)]
     folds = run_folds(runs, 4, seed=0)
     assert set(folds) == set(runs) and set(folds.values()) == {0, 1, 2, 3}
+
+
+def test_preroll_all_watches_non_training_from_the_file_start(shared_data: Path, tmp_path: Path) -> None:
+    labels = write_subset(shared_data, tmp_path)
+    plain = build_cases(labels)
+    full = build_cases(labels, preroll_all=True)
+    assert [(c.run, c.device, c.label) for c in plain] == [(c.run, c.device, c.label) for c in full]
+    widened = 0
+    for a, b in zip(plain, full, strict=True):
+        assert b.trace.time[-1] == a.trace.time[-1]  # same end; only the start may move back
+        if a.onset is not None or not math.isfinite(b.span_from):
+            assert len(b.trace) == len(a.trace)
+            continue
+        widened += 1
+        assert b.span_from == a.trace.time[0] and b.trace.time[0] < b.span_from
+        assert b.exposure_s >= a.exposure_s + 5.0  # the pre-roll counts as non-training exposure
+    # The subset's SensorGuard inference, other and idle runs all start after marker bursts.
+    assert widened >= 6

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ class AlarmCase:
     starts: FloatArray = field(default_factory=lambda: np.zeros(0))  # of the windows, in time order
     ends: FloatArray = field(default_factory=lambda: np.zeros(0))
     p_train: FloatArray = field(default_factory=lambda: np.zeros(0))
+    # Non-training case watched from before its labelled span (`build_cases(preroll_all=True)`): the
+    # labelled start; the telemetry before it (marker bursts, settling) is non-training too.
+    span_from: float = math.nan
 
     def _span(self) -> tuple[float, float]:
         stop = float(self.trace.time[-1]) if self.onset is None else self.onset
@@ -180,8 +183,14 @@ def choose_params(cases: Sequence[AlarmCase], base: decide.AlarmParams,
 # --- building cases from a labels table --------------------------------------------------------------
 
 
-def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = None) -> list[AlarmCase]:
-    """Alarm cases from a labels table: each labelled device span, training spans with their pre-roll."""
+def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = None,
+                preroll_all: bool = False) -> list[AlarmCase]:
+    """Alarm cases from a labels table: each labelled device span, training spans with their pre-roll.
+
+    With `preroll_all`, a non-training span is watched with its pre-roll too (from the end of the previous
+    labelled span on that device, or the file's first sample), as a live alarm would see it: a marker
+    burst followed by an inference server starting up must not look like a training run starting.
+    """
     from phasescope.sources.replay import read as default_read
 
     reader = read or default_read
@@ -219,7 +228,20 @@ def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = 
         start = onsets.get((ex.path, ex.device))
         if start is not None and float(ex.trace.time[-1]) <= start:
             continue  # already watched as a training run's pre-roll (marker bursts before the run)
-        cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, ex.trace, None, False))
+        watched, span_from = ex.trace, math.nan
+        full = full_trace(ex) if preroll_all else None
+        if full is not None and len(full):
+            t_from, t_to = float(ex.trace.time[0]), float(ex.trace.time[-1])
+            prev = [float(o.trace.time[-1]) for o in examples
+                    if o is not ex and o.path == ex.path and o.device == ex.device and len(o.trace)
+                    and float(o.trace.time[-1]) <= t_from]
+            lo = max(prev) if prev else float(full.time[0])
+            if t_from - lo >= MIN_PREROLL_S:
+                watched = full.slice_time(np.nextafter(lo, math.inf) if prev else lo, t_to)
+                watched.meta = {**full.meta, **ex.trace.meta}  # a copy: the file's traces are shared
+                span_from = t_from
+        cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, None, False,
+                               span_from=span_from))
     return cases
 
 
@@ -239,9 +261,9 @@ def predict_cases(model: Any, cases: Sequence[AlarmCase], predict: Predictor) ->
     for c in cases:
         pred = predict(model, c.trace)
         order = np.argsort(np.asarray(pred.end), kind="stable")
-        out.append(AlarmCase(c.run, c.device, c.source, c.family, c.label, c.trace, c.onset, c.onset_known,
-                             np.asarray(pred.start, dtype=np.float64)[order],
-                             np.asarray(pred.end, dtype=np.float64)[order], decide.p_training(pred)[order]))
+        out.append(replace(c, starts=np.asarray(pred.start, dtype=np.float64)[order],
+                           ends=np.asarray(pred.end, dtype=np.float64)[order],
+                           p_train=decide.p_training(pred)[order]))
     return out
 
 
@@ -250,6 +272,7 @@ class NestedResult:
     outer: AlarmScore  # every case scored with the parameters chosen without its fold
     chosen: list[tuple[int, decide.AlarmParams]]  # per outer fold
     predicted: list[AlarmCase]  # every case with its out-of-fold window probabilities
+    inner: list[list[AlarmCase]] = field(default_factory=list)  # per outer fold, what its choice saw
 
 
 def nested_alarm_cv(
@@ -272,6 +295,7 @@ def nested_alarm_cv(
     outcomes: list[CaseOutcome] = []
     chosen: list[tuple[int, decide.AlarmParams]] = []
     predicted: list[AlarmCase] = []
+    inners: list[list[AlarmCase]] = []
     for f in range(k):
         train_ex = [e for e in examples if folds[e.run] != f]
         inner: list[AlarmCase] = []
@@ -281,9 +305,10 @@ def nested_alarm_cv(
             inner += predict_cases(model, [c for c in cases if folds[c.run] == g], predict)
         params = choose_params(inner, base)
         chosen.append((f, params))
+        inners.append(inner)
         say(f"outer fold {f + 1}/{k}: chose threshold={params.threshold} drift={params.drift}")
         model = fit(train_ex)
         held_out = predict_cases(model, [c for c in cases if folds[c.run] == f], predict)
         predicted += held_out
         outcomes += score(held_out, params).outcomes
-    return NestedResult(AlarmScore(outcomes), chosen, predicted)
+    return NestedResult(AlarmScore(outcomes), chosen, predicted, inners)

@@ -1,0 +1,264 @@
+"""An onset model for the "training started" alarm: windows that straddle a run's start, seen in training.
+
+The shipped window classifier is fitted on labelled spans cut to their start and end, so it never sees a
+window that holds the last seconds before a training run and the first seconds of it. A 30 s window then
+needs most of its data from the run before the classifier calls it training, and the alarm waits for that.
+
+The onset model is fitted on what the alarm actually watches (`alert_eval.AlarmCase.trace`): for a training
+run with a recorded start, the file from its first sample (marker bursts, settling) to the run's end, in
+windows of `ONSET_WINDOW_S` seconds every `ONSET_STRIDE_S`. A window is labelled training when at least
+`ONSET_SHARE` of it lies after the recorded start, and "other" before that (the pre-roll is GEMM marker
+bursts and settling; only p_training matters to the alarm). Every other case keeps its own label. The start
+times are training labels only: prediction reads telemetry alone.
+
+The model is an ordinary `PhaseModel` (same features, LightGBM text boosters in JSON), so it loads with
+`PhaseModel.load(path)` and is used by the alarm only; the window classifier is unchanged. It is fitted with
+every non-training span watched with its pre-roll too (`build_cases(preroll_all=True)`), so a marker burst
+followed by an inference start-up is a negative example. Its card holds the alarm threshold and drift, chosen
+by `calibrate` (the rule the nested CV in `benchmarks/bench_alerts.py --onset` measures). Refit with
+
+    .venv/bin/python -m phasescope.classify.onset ../shared/data -o src/phasescope/models/alarm_model.json
+
+The constants below were fixed before any alarm figure with this model was seen (the 15 s window after the
+30 s and 15 s figures of the plain classifier had been).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from phasescope.classify import alert_eval, decide, train
+from phasescope.classify.alert_eval import AlarmCase, build_cases
+from phasescope.classify.dataset import Example, load_examples
+from phasescope.classify.model import PhaseModel
+from phasescope.features import WindowConfig, device_limits, window_features
+from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray, Trace
+
+ONSET_WINDOW_S = 15.0  # shorter than the classifier's 30 s: less data needed from the run
+ONSET_STRIDE_S = 5.0  # the alarm's cadence; also gives several straddling windows per run start
+ONSET_SHARE = 0.5  # a straddling window is "training" once at least half of it lies after the start
+PRE_LABEL = "other"  # the pre-roll before a SensorGuard run: marker GEMM bursts and settling
+ALARM_MODEL_FILE = "alarm_model.json"
+ALARM_MODEL_VERSION = "onset-0.1.0"
+HISTORY_S = 120.0  # live: seconds of telemetry to hand `OnsetAlarm.update` (the features' context cap)
+
+
+def onset_config() -> WindowConfig:
+    return WindowConfig(window_s=ONSET_WINDOW_S, stride_s=ONSET_STRIDE_S)
+
+
+def share_after(start: FloatArray, end: FloatArray, onset: float) -> FloatArray:
+    """Share of each window [start, end) that lies at or after `onset` (0..1)."""
+    width = np.maximum(end - start, 1e-9)
+    return np.clip((end - np.maximum(start, onset)) / width, 0.0, 1.0)
+
+
+def window_labels(case: AlarmCase, start: FloatArray, end: FloatArray) -> np.ndarray:
+    """Class index per window of a case's watched trace (see the module docstring)."""
+    if case.onset is None:
+        own = np.full(start.size, PHASES.index(case.label))
+        if not math.isfinite(case.span_from):
+            return own
+        # Watched with its pre-roll: the windows mostly before the labelled span are the pre-roll's.
+        return np.where(share_after(start, end, case.span_from) >= ONSET_SHARE, own, PHASES.index(PRE_LABEL))
+    if not case.onset_known:  # labelled training from its first sample
+        return np.full(start.size, PHASES.index("training"))
+    trained = share_after(start, end, case.onset) >= ONSET_SHARE
+    return np.where(trained, PHASES.index("training"), PHASES.index(PRE_LABEL))
+
+
+def case_example(case: AlarmCase) -> Example:
+    """A stand-in `Example` for a case, so that `train.fit_model` can weigh runs and pick subsets."""
+    return Example(case.trace, case.label, case.family, "", case.source, case.run, "", case.device)
+
+
+def build_onset_table(cases: Sequence[AlarmCase], config: WindowConfig | None = None) -> train.WindowTable:
+    """Windows of every case's watched trace, labelled per window; the layout of `train.build_table`."""
+    cfg = config or onset_config()
+    t0 = time.perf_counter()
+    examples = [case_example(c) for c in cases]
+    Xs, ys, exs, copies, suff, ivs = [], [], [], [], [], []
+    present: list[frozenset[str]] = []
+    for i, (case, ex) in enumerate(zip(cases, examples, strict=True)):
+        present.append(frozenset(ex.trace.present_signals()) & set(PAPER_SIGNALS))
+        variants = [(1, True)]
+        if device_limits(ex.trace, True) != device_limits(ex.trace, False):
+            variants.append((0, False))  # as `build_table`: also learn to answer without the GPU table
+        for copy, use_table in variants:
+            wf = window_features(ex.trace, cfg, use_table=use_table)
+            n = wf.values.shape[0]
+            Xs.append(wf.values)
+            ys.append(window_labels(case, wf.start, wf.end))
+            exs.append(np.full(n, i))
+            copies.append(np.full(n, copy))
+            suff.append(wf.sufficient)
+            ivs.append(np.full(n, wf.interval_s))
+    cat = np.concatenate
+    return train.WindowTable(cat(Xs), cat(ys), cat(exs), cat(copies), cat(suff).astype(bool), cat(ivs),
+                             examples, present, time.perf_counter() - t0)
+
+
+def fit_onset(table: train.WindowTable, runs: set[str] | None = None,
+              subsets: Sequence[str] | None = None, card: dict[str, Any] | None = None) -> PhaseModel:
+    """The onset model fitted on the table's cases whose run is in `runs` (None: all)."""
+    ids = np.array([i for i, e in enumerate(table.examples) if runs is None or e.run in runs], dtype=np.int64)
+    model = train.fit_model(table, ids, subsets=subsets, card=card, config=onset_config())
+    model.version = ALARM_MODEL_VERSION
+    return model
+
+
+def card(table: train.WindowTable, seconds: float) -> dict[str, Any]:
+    runs = {e.run for e in table.examples}
+    starts = sum(1 for e, lab in _first_labels(table) if lab)
+    return {
+        "purpose": "training-started alarm only (phasescope.classify.onset); not the window classifier",
+        "window_s": ONSET_WINDOW_S,
+        "stride_s": ONSET_STRIDE_S,
+        "onset_share": ONSET_SHARE,
+        "cases": len(table.examples),
+        "runs": len(runs),
+        "runs_with_recorded_start": starts,
+        "windows": int(table.y.size),
+        "fit_seconds": round(seconds, 1),
+        "evaluation": "benchmarks/bench_alerts.py --onset --preroll-all (nested CV); see docs/EVALUATION.md",
+    }
+
+
+def _first_labels(table: train.WindowTable) -> list[tuple[Example, bool]]:
+    """Per case, whether it has both pre-roll and training windows (a recorded start)."""
+    out = []
+    for i, e in enumerate(table.examples):
+        ys = set(table.y[table.ex == i].tolist())
+        out.append((e, e.label == "training" and len(ys) > 1))
+    return out
+
+
+def load_alarm_model(path: str | None = None) -> PhaseModel:
+    """The shipped alarm model (or one at `path`)."""
+    if path is not None:
+        return PhaseModel.load(path)
+    text = resources.files("phasescope.models").joinpath(ALARM_MODEL_FILE).read_text(encoding="utf-8")
+    return PhaseModel.from_dict(json.loads(text), f"phasescope/models/{ALARM_MODEL_FILE}")
+
+
+def needed_subsets(traces: Sequence[Trace]) -> list[str]:
+    """The largest signal subset each trace has: the only boosters a prediction on them will use."""
+    chosen: set[str] = set()
+    for t in traces:
+        present = set(t.present_signals()) & set(PAPER_SIGNALS)
+        for name, sig in train.SUBSETS.items():
+            if sig <= present:
+                chosen.add(name)
+                break
+    return [n for n in train.SUBSETS if n in chosen]
+
+
+def calibrate(cases: Sequence[AlarmCase], examples: Sequence[Example], table: train.WindowTable,
+              k: int = 4, seed: int = 0) -> decide.AlarmParams:
+    """The alarm parameters for the shipped model, by the rule the nested CV measures.
+
+    Out-of-fold predictions (stratified run folds, as `bench_alerts.py`) over all cases, then
+    `alert_eval.choose_params`: the same procedure each outer fold of the nested CV applied to its inner data.
+    """
+    folds = alert_eval.run_folds([c.run for c in cases], k, seed)
+    folds |= train.stratified_run_folds(examples, k, seed)
+    oof: list[AlarmCase] = []
+    subsets = needed_subsets([c.trace for c in cases])
+    for f in range(k):
+        print(f"calibrating the alarm: fold {f + 1}/{k}", file=sys.stderr, flush=True)
+        model = fit_onset(table, {r for r, g in folds.items() if g != f}, subsets)
+        held = [c for c in cases if folds[c.run] == f]
+        oof += alert_eval.predict_cases(model, held, _predict)
+    return alert_eval.choose_params(oof, decide.AlarmParams(window_s=ONSET_WINDOW_S))
+
+
+def _predict(model: PhaseModel, trace: Trace) -> Any:
+    return model.predict_trace(trace, evidence=False)
+
+
+def alarm_params(model: PhaseModel) -> decide.AlarmParams:
+    """The alarm parameters stored with an alarm model (its card), else the a-priori defaults."""
+    got = model.card.get("alarm_params") if isinstance(model.card, dict) else None
+    if isinstance(got, dict):
+        return decide.AlarmParams(**{k: float(v) for k, v in got.items()})
+    return decide.AlarmParams(window_s=model.config.window_s)
+
+
+@dataclass
+class OnsetAlarm:
+    """Streaming "training started" alarm for one device on the onset model (for the live path).
+
+    Call `update(trace)` with the device's recent telemetry (about `HISTORY_S` seconds, so the memory-ramp
+    features see the same context as in evaluation) at the alarm cadence; it feeds the windows that end
+    after the last one seen into a `decide.TrainingAlarm` and returns True exactly when the alarm fires.
+    """
+
+    model: PhaseModel
+    params: decide.AlarmParams
+    alarm: decide.TrainingAlarm = field(init=False)
+    last_end: float = -math.inf
+
+    def __post_init__(self) -> None:
+        self.alarm = decide.TrainingAlarm(self.params)
+
+    @classmethod
+    def shipped(cls) -> OnsetAlarm:
+        model = load_alarm_model()
+        return cls(model, alarm_params(model))
+
+    def update(self, trace: Trace) -> bool:
+        if len(trace) < 2:
+            return False
+        pred = self.model.predict_trace(trace, evidence=False)
+        ends = np.asarray(pred.end, dtype=np.float64)
+        p = decide.p_training(pred)
+        fired = False
+        for i in np.argsort(ends, kind="stable"):
+            if ends[i] <= self.last_end:
+                continue
+            self.last_end = float(ends[i])
+            fired |= self.alarm.update(float(ends[i]), float(p[i]))
+        return fired
+
+    @property
+    def active(self) -> bool:
+        return self.alarm.active
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Fit the alarm's onset model on labelled recordings.")
+    ap.add_argument("data", nargs="+", help="labels tables or folders holding labels.csv")
+    ap.add_argument("-o", "--output", required=True, help="model file to write (JSON)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    cases: list[AlarmCase] = []
+    for d in args.data:
+        cases += build_cases(d, preroll_all=True)
+    table = build_onset_table(cases)
+    print(f"{len(cases)} cases, {table.y.size} windows ({time.perf_counter() - t0:.1f} s)", file=sys.stderr,
+          flush=True)
+    examples = [e for d in args.data for e in load_examples(d)]
+    params = calibrate(cases, examples, table)
+    print(f"alarm threshold {params.threshold} nats, drift {params.drift}; fitting the shipped model",
+          file=sys.stderr, flush=True)
+    model = fit_onset(table)
+    model.card = card(table, time.perf_counter() - t0) | {"alarm_params": params.to_dict()}
+    model.save(args.output)
+    print(f"wrote {args.output}: {len(cases)} cases, {table.y.size} windows, "
+          f"{len(model.submodels)} submodels, alarm threshold {params.threshold} nats, drift {params.drift}, "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

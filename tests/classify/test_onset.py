@@ -1,0 +1,113 @@
+"""The alarm's onset model: straddling windows labelled by their share of training, fit/save/load, the shipped
+file, on a small real subset."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phasescope.classify import onset
+from phasescope.classify.alert_eval import AlarmCase, build_cases
+from phasescope.classify.decide import AlarmParams, alarm_times, p_training
+from phasescope.classify.model import PhaseModel
+from phasescope.features import window_features
+from phasescope.schema import PHASES, DeviceInfo, Trace
+from tests.classify._subset import write_subset
+
+TRAIN, OTHER, INFER = PHASES.index("training"), PHASES.index("other"), PHASES.index("inference")
+
+
+def fake_case(label: str, onset_at: float | None, span_from: float = math.nan) -> AlarmCase:
+    trace = Trace(DeviceInfo("gpu-x"), np.arange(0.0, 100.0))
+    return AlarmCase("run", "gpu-x", "src", "fam", label, trace, onset_at, onset_at is not None,
+                     span_from=span_from)
+
+
+def test_share_after() -> None:
+    s = onset.share_after(np.array([0.0, 10.0, 20.0, 30.0]), np.array([15.0, 25.0, 35.0, 45.0]), 20.0)
+    assert s.tolist() == [0.0, pytest.approx(1 / 3), 1.0, 1.0]
+
+
+def test_window_labels_follow_the_share_rule() -> None:
+    start = np.array([40.0, 45.0, 50.0, 55.0])
+    end = start + 15.0
+    # Onset at 55: shares 0, 1/3, 2/3, 1 -> only the last two hold at least half training.
+    got = onset.window_labels(fake_case("training", 55.0), start, end)
+    assert got.tolist() == [OTHER, OTHER, TRAIN, TRAIN]
+    # Inference watched with its pre-roll: the same rule, with the inference label after the span's start.
+    got = onset.window_labels(fake_case("inference", None, span_from=55.0), start, end)
+    assert got.tolist() == [OTHER, OTHER, INFER, INFER]
+    assert onset.window_labels(fake_case("idle", None), start, end).tolist() == [PHASES.index("idle")] * 4
+
+
+@pytest.fixture(scope="module")
+def cases(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[AlarmCase]:
+    return build_cases(write_subset(shared_data, tmp_path_factory.mktemp("subset")), preroll_all=True)
+
+
+def test_onset_table_labels_straddling_windows(cases: list[AlarmCase]) -> None:
+    table = onset.build_onset_table(cases)
+    cfg = onset.onset_config()
+    known = [i for i, c in enumerate(cases) if c.onset is not None and c.onset_known]
+    assert known, "the subset has SensorGuard training runs with a recorded start"
+    for i in known:
+        c = cases[i]
+        assert c.onset is not None
+        rows = np.flatnonzero((table.ex == i) & (table.copy == 1))
+        y = table.y[rows]
+        assert (y[: np.argmax(y == TRAIN)] == OTHER).all()  # pre-roll first, then training to the end
+        assert (y[np.argmax(y == TRAIN):] == TRAIN).all()
+        # The first training window starts before the run: it straddles the start.
+        wf = window_features(c.trace, cfg)
+        assert wf.start.size == rows.size
+        first = int(np.argmax(y == TRAIN))
+        assert wf.start[first] < c.onset < wf.end[first]
+        assert (y == OTHER).sum() >= 2  # the SensorGuard pre-roll is 17-89 s
+
+
+def test_fit_save_load_predicts_the_same(cases: list[AlarmCase], tmp_path: Path) -> None:
+    table = onset.build_onset_table(cases)
+    runs = sorted({c.run for c in cases})
+    model = onset.fit_onset(table, set(runs[::2]) | {c.run for c in cases if c.onset_known}, ["all9"])
+    assert model.config.window_s == onset.ONSET_WINDOW_S and model.version == onset.ALARM_MODEL_VERSION
+    path = tmp_path / "alarm.json"
+    model.save(path)
+    again = onset.load_alarm_model(str(path))
+    trace = next(c.trace for c in cases if c.onset_known)
+    a, b = model.predict_trace(trace, evidence=False), again.predict_trace(trace, evidence=False)
+    np.testing.assert_allclose(p_training(a), p_training(b), rtol=1e-9)
+
+
+def test_shipped_alarm_model_is_separate_and_fires_after_a_real_start(cases: list[AlarmCase]) -> None:
+    model = onset.load_alarm_model()
+    assert model.version == onset.ALARM_MODEL_VERSION
+    assert model.config.window_s == onset.ONSET_WINDOW_S
+    assert PhaseModel.load().config.window_s == 30.0  # the window classifier is untouched
+    # A smoke check on runs the shipped file was fitted on (the honest figures are the nested CV's).
+    for c in cases:
+        if not c.onset_known or c.family != "train_gpt2_wikitext":
+            continue
+        assert c.onset is not None
+        pred = model.predict_trace(c.trace, evidence=False)
+        order = np.argsort(pred.end)
+        fired = alarm_times(np.asarray(pred.end)[order], p_training(pred)[order],
+                            AlarmParams(window_s=onset.ONSET_WINDOW_S))
+        assert fired.size and c.onset <= fired[0] <= c.onset + 60.0
+
+
+def test_streaming_onset_alarm_fires_once_after_a_real_start(cases: list[AlarmCase]) -> None:
+    alarm = onset.OnsetAlarm.shipped()
+    assert alarm.params == onset.alarm_params(alarm.model)  # the card's calibrated parameters
+    assert alarm.params.window_s == onset.ONSET_WINDOW_S
+    c = next(c for c in cases if c.onset_known and c.family == "train_gpt2_wikitext")
+    assert c.onset is not None
+    t = c.trace.time
+    fired_at = []
+    for now in np.arange(t[0] + 5.0, min(t[-1], c.onset + 120.0), 5.0):  # a live tick every 5 s
+        if alarm.update(c.trace.slice_time(now - onset.HISTORY_S, now)):
+            fired_at.append(now)
+    assert len(fired_at) == 1 and c.onset <= fired_at[0] <= c.onset + 60.0
+    assert alarm.active
