@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from phasescope.classify.model import WindowPredictions
 from phasescope.instrument.events import load_events
 from phasescope.live_annotate import Annotator, HookKpiReader, ScrapeKpiReader
 from phasescope.live_state import LiveState, feed
+from phasescope.schema import PHASES, Trace
 from phasescope.sources.replay_live import ReplaySource
 from tests.hook_events import shared_hook_events
 from tests.live_helpers import training_traces
@@ -109,6 +111,75 @@ def test_annotator_copies_the_classifier_reading(shared_data: Path) -> None:
         assert r is not None and view is not None
         assert (view.phase, view.since) == (r.phase, r.since)
         assert view.confidence == r.confidence or (np.isnan(view.confidence) and np.isnan(r.confidence))
+
+
+class _Sure:
+    """A stand-in phase model: its newest window says what the script says, at the script's probability
+    ("unknown": no window judged, as with too few signals)."""
+
+    def __init__(self, script: list[tuple[str, float]]) -> None:
+        self.script = script
+
+    def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
+        label, p = self.script.pop(0)
+        proba = np.full((1, len(PHASES)), np.nan)
+        if label != "unknown":
+            proba[0] = (1.0 - p) / (len(PHASES) - 1)
+            proba[0, PHASES.index(label)] = p
+        return WindowPredictions(trace.time[:1], trace.time[-1:], proba, [label], [], "scripted", [{}])
+
+
+def test_a_held_phase_keeps_its_last_confidence_and_says_held() -> None:
+    """A run that judges nothing keeps the phase (no flicker to unknown) with the confidence of the last
+    judged window, marked as held on the badge and in the API; the next judged run clears the mark."""
+    from phasescope.live_classify import LiveClassifier
+    from phasescope.live_state import HELD_MARK
+    from phasescope.schema import SIGNAL_NAMES, DeviceInfo
+    from phasescope.sources.base import TickBatch
+
+    script = [("training", 0.87), ("unknown", 0.0), ("unknown", 0.0), ("training", 0.6)]
+    clf = LiveClassifier(_Sure(list(script)), every_s=1.0)  # type: ignore[arg-type]
+    annotate = Annotator(clf)
+    dev = DeviceInfo("GPU-x", "NVIDIA GeForce RTX 3090", 0)
+    state = LiveState("scripted")
+    row = np.full((1, len(SIGNAL_NAMES)), np.nan)
+    row[0, 0] = 0.9
+    state.ingest(TickBatch(999.0, [dev], row))  # the model is asked from the second sample on
+    cells, api = [], []
+    for k in range(len(script)):
+        state.ingest(TickBatch(1000.0 + k, [dev], row))
+        annotate(state)
+        cells.append(next(r for r in state.rows() if r.key == dev.uuid).cells["phase"])
+        api.append(clf.reading(dev.uuid).to_dict())  # type: ignore[union-attr]
+    held = f"training 87%{HELD_MARK}"
+    assert cells == ["training 87%", held, held, "training 60%"]
+    assert [a["held"] for a in api] == [False, True, True, False]
+    assert api[1]["confidence"] == pytest.approx(0.87) and api[1]["proba"] == api[0]["proba"]
+    assert api[2]["since"] == api[0]["since"] == 1000.0
+
+
+def test_a_dark_device_goes_unknown_without_a_held_mark(shared_data: Path) -> None:
+    """Held is for a live device the model could not judge; one that stops sending is unknown, no %."""
+    from phasescope.live_classify import LiveClassifier
+    from phasescope.sources.base import TickBatch
+    from tests.live_helpers import ticks
+
+    traces = training_traces(shared_data)
+    state = LiveState("replay")
+    clf = LiveClassifier()
+    annotate = Annotator(clf)
+    batches = list(ticks(traces, 0, 170))  # 80 s without GPU 0: longer than the classifier's window
+    for batch in batches[:90]:
+        state.ingest(batch)
+        annotate(state)
+    gone = traces[0].device.uuid
+    assert (v := state.phase(gone)) is not None and v.phase != "unknown" and not v.held
+    for batch in batches[90:]:
+        state.ingest(TickBatch(batch.time, [batch.devices[1]], batch.values[1:2]))
+        annotate(state)
+    view = state.phase(gone)
+    assert view is not None and view.phase == "unknown" and not view.held
+    assert next(r for r in state.rows() if r.key == gone).cells["phase"] == "unknown"
 
 
 # ---- a serving engine's /metrics (real captures, served over loopback) ----

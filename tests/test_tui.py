@@ -114,6 +114,40 @@ def test_sort_filter_help_quit_keys(gemm: list[Trace]) -> None:
     _run(go)
 
 
+def test_dashboard_url_stays_in_the_header_after_later_notices(gemm: list[Trace]) -> None:
+    """The demo's dashboard URL is a header line of its own: notices that follow replace the status line's
+    text, never the URL; the sort still shows beside it. The plain table names it in its title."""
+    from textual.widgets._header import HeaderTitle
+
+    url = "http://127.0.0.1:9464/"
+    state = _busy_state(gemm)
+    state.note(f"dashboard: {url}")
+    app = TopApp(state, None, refresh_s=0.05, web_url=url)
+    plain = TopApp(_busy_state(gemm), None, refresh_s=0.05)
+
+    def header(a: TopApp) -> str:
+        return str(a.query_one(HeaderTitle).render())
+
+    async def go() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            status = app.query_one("#status")
+            assert url in header(app) and url in str(status.render())
+            state.note("phase/KPI updates stopped: a later notice")
+            await _until(pilot, lambda: "a later notice" in str(status.render()))
+            assert url not in str(status.render())  # the status line moved on ...
+            assert url in header(app) and "sort: order" in header(app)  # ... the header keeps it
+            await pilot.press("s")
+            await pilot.pause(0.1)
+            assert url in header(app) and "sort: phase" in header(app)
+        async with plain.run_test(size=SIZE):
+            assert "dashboard" not in header(plain) and "sort: order" in header(plain)
+
+    _run(go)
+    console = Console(width=300, record=True)
+    console.print(render_table(state, web_url=url))  # --plain: every table's title names it
+    assert console.export_text().splitlines()[0].strip() == f"phasescope · dashboard {url}"
+
+
 def test_filter_escape_clears_and_q_in_filter_box_is_text(gemm: list[Trace]) -> None:
     app = TopApp(_busy_state(gemm), None, refresh_s=0.05)
 
@@ -468,7 +502,7 @@ def _training_rows(traces: list[Trace]) -> tuple[int, int]:
 
 
 def _preloaded(shared_data: Path, tmp_path: Path) -> tuple[list[Trace], LiveState, int, int]:
-    from phasescope.cli.top import open_history
+    from phasescope.live_history import open_history
 
     traces = training_traces(shared_data)
     lo, hi = _training_rows(traces)
@@ -516,8 +550,8 @@ def test_history_gives_the_phase_before_the_first_sample_then_live_ticks_follow(
 ) -> None:
     """The classifier replays the loaded history (the real model), so the badges say training / idle at
     once; live ticks then join the history after a blank column that marks the restart."""
-    from phasescope.cli.top import backfill_phases
     from phasescope.live_classify import LiveClassifier
+    from phasescope.live_history import backfill_phases
 
     traces, state, _, _ = _preloaded(shared_data, tmp_path)
     classifier = LiveClassifier()

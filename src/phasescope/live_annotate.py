@@ -250,7 +250,7 @@ class Annotator:
             for uuid in state.device_uuids():
                 r = self.classifier.reading(uuid)
                 if r is not None:
-                    state.set_phase(uuid, r.phase, r.confidence, r.since)
+                    state.set_phase(uuid, r.phase, r.confidence, r.since, r.held)
         if self.hooks is None and not self.scrapes:
             return
         if self.hooks is not None:

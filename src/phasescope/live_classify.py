@@ -8,7 +8,8 @@ takes the newest window the model judged.
 A new phase replaces the current one only after `confirm` consecutive runs agree on it, so one odd window
 does not flip the badge; `since` is the time of the first of those runs (when phasescope first saw it).
 Runs that cannot judge (too little history, too few signals) say "unknown" only when no phase is held yet
-or the device has gone dark; otherwise the held phase stays until evidence for another one arrives.
+or the device has gone dark; otherwise the held phase stays until evidence for another one arrives, with
+the confidence of the last window that was judged and `held` set (views mark it rather than show no %).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PhaseReading:
     proba: dict[str, float]  # per PHASES member, newest judged window; empty when none was judged
     since: float  # Unix s (data clock) the current phase began, as first seen
     t: float  # data time of the run that produced this reading
+    held: bool = False  # this run judged no window: phase, confidence and proba are the last judged ones
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -46,6 +48,7 @@ class PhaseReading:
             "proba": {k: finite_or_none(v) for k, v in self.proba.items()},
             "since": finite_or_none(self.since),
             "t": finite_or_none(self.t),
+            "held": self.held,
         }
 
 
@@ -142,9 +145,12 @@ class LiveClassifier:
     def _advance(
         self, track: _DeviceTrack, t: float, phase: str, proba: dict[str, float], dark: bool
     ) -> None:
-        held = track.reading.phase if track.reading else UNKNOWN
-        if phase == UNKNOWN and not dark and held != UNKNOWN:
-            phase = held  # no new evidence: keep the held phase rather than flicker to unknown
+        prev = track.reading
+        held = prev.phase if prev else UNKNOWN
+        no_evidence = phase == UNKNOWN and not dark and held != UNKNOWN
+        if no_evidence and prev is not None:
+            # Keep the held phase rather than flicker to unknown, with the last judged window's figures.
+            phase, proba = held, prev.proba
         if phase == held:
             track.candidate, track.candidate_runs = "", 0
             new_phase, since = held, (track.reading.since if track.reading else t)
@@ -160,7 +166,7 @@ class LiveClassifier:
                 new_phase, since = held, (track.reading.since if track.reading else t)
         conf = proba.get(new_phase, math.nan)
         prev_t = track.reading.t if track.reading else t
-        track.reading = PhaseReading(new_phase, conf, proba, since, t)
+        track.reading = PhaseReading(new_phase, conf, proba, since, t, held=no_evidence)
         if track.bands and track.bands[-1].phase == new_phase:
             last = track.bands[-1]
             track.bands[-1] = PhaseBand(last.start, t, new_phase)

@@ -45,6 +45,7 @@ NO_DEVICE = ""  # group key for processes the source could not tie to a device
 HELD_MEM_BYTES = 1024.0**3  # a bare GPU shows a few hundred MiB at most (driver, display)
 IDLE_TICKS = 30
 IDLE_HELD = "IDLE·HELD"
+HELD_MARK = " (held)"  # after a phase the newest classifier run could not judge: its % is from before
 UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
 
 
@@ -155,6 +156,7 @@ class PhaseView:
     phase: str
     confidence: float
     since: float
+    held: bool = False  # the newest run judged nothing: phase and confidence are from an older window
 
 
 class LiveState:
@@ -285,9 +287,10 @@ class LiveState:
             self._events.append(message)
             self.version += 1
 
-    def set_phase(self, uuid: str, phase: str, confidence: float, since: float) -> None:
-        """The classifier's current phase for a device (written by the annotate hook)."""
-        view = PhaseView(phase, confidence, since)
+    def set_phase(self, uuid: str, phase: str, confidence: float, since: float, held: bool = False) -> None:
+        """The classifier's current phase for a device (written by the annotate hook); `held`: kept from an
+        older window, the newest run having judged nothing."""
+        view = PhaseView(phase, confidence, since, held)
         with self._lock:
             if self._phases.get(uuid) != view:
                 self._phases[uuid] = view
@@ -456,7 +459,7 @@ class LiveState:
         if view is None:
             return MISSING, ""
         conf = f" {view.confidence * 100:.0f}%" if math.isfinite(view.confidence) else ""
-        return f"{view.phase}{conf}", view.phase
+        return f"{view.phase}{conf}{HELD_MARK if view.held else ''}", view.phase
 
     def _energy_cell(self, uuid: str) -> str:
         meter = self.energy.meters.get(uuid)

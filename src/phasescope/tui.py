@@ -13,6 +13,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
@@ -22,7 +23,8 @@ from phasescope.live_state import COLUMNS, IDLE_HELD, SORT_KEYS, LiveState, Row
 HELP_TEXT = """\
 [b]phasescope top[/b]: one row per device, its processes as sub-rows (└).
 
-Phase is the live classifier's call on the last minute, with its confidence; Phase KPIs are step time,
+Phase is the live classifier's call on the last minute, with its confidence ([b](held)[/b]: the newest
+minute could not be judged, so the phase and % are the last judged ones); Phase KPIs are step time,
 samples/s and MFU for training, requests/s and p50/p99 latency for inference (from hooks: --events,
 or a serving engine's /metrics: --scrape). Energy · cost is so far, at the configured prices.
 A device in [b black on yellow] IDLE·HELD [/] is idle while a process (or its memory) holds it.
@@ -87,9 +89,11 @@ class TopApp(App[None]):
         duration: float | None = None,
         sort: str = "order",
         filter_text: str = "",
+        web_url: str | None = None,
     ) -> None:
         super().__init__()
         self.state = state
+        self.web_url = web_url  # shown in the header for the whole session (the status line moves on)
         self._start_sampling = start_sampling
         self._refresh_s = refresh_s
         self._duration = duration
@@ -135,13 +139,17 @@ class TopApp(App[None]):
 
     def redraw(self, force: bool = False) -> None:
         """Redraw the table when the state, sort or filter changed; the status line every time."""
-        self.query_one("#status", Static).update(Text(self.state.status_line(), no_wrap=True))
-        self.sub_title = f"sort: {self.sort}" + (f" · filter: {self.filter_text}" if self.filter_text else "")
+        try:
+            status = self.query_one("#status", Static)
+            table = self.query_one("#table", DataTable)
+        except NoMatches:  # shutting down: the refresh timer can tick once more after the widgets went
+            return
+        status.update(Text(self.state.status_line(), no_wrap=True))
+        self.sub_title = header_text(self.sort, self.filter_text, self.web_url)
         key = (self.state.version, self.sort, self.filter_text)
         if key == self._drawn and not force:
             return
         self._drawn = key
-        table = self.query_one("#table", DataTable)
         selected = None
         if table.row_count and 0 <= table.cursor_row < len(self.shown_rows):
             selected = self.shown_rows[table.cursor_row].key
@@ -194,6 +202,15 @@ class TopApp(App[None]):
 IDLE_HELD_STYLE = "bold black on yellow"
 
 
+def header_text(sort: str, filter_text: str = "", web_url: str | None = None) -> str:
+    """The header's subtitle: the dashboard's URL first (when one is served), then sort and filter."""
+    parts = [f"dashboard {web_url}"] if web_url else []
+    parts.append(f"sort: {sort}")
+    if filter_text:
+        parts.append(f"filter: {filter_text}")
+    return " · ".join(parts)
+
+
 def styled_cells(row: Row) -> list[Text]:
     """A row's cells as rich Text: the phase as a coloured badge, an idle-but-held device in yellow."""
     base = "bold" if row.kind == "device" else "dim"
@@ -210,9 +227,13 @@ def styled_cells(row: Row) -> list[Text]:
     return out
 
 
-def render_table(state: LiveState, sort: str = "order", filter_text: str = "") -> Table:
-    """The same table as the app, as one rich Table (for --once / --plain and logs)."""
-    table = Table(title="phasescope", caption=state.status_line(), caption_justify="left", expand=False)
+def render_table(
+    state: LiveState, sort: str = "order", filter_text: str = "", web_url: str | None = None
+) -> Table:
+    """The same table as the app, as one rich Table (for --once / --plain and logs); a dashboard served
+    beside it (`web_url`) is named in the title of every table, as in the app's header."""
+    title = "phasescope" + (f" · dashboard {web_url}" if web_url else "")
+    table = Table(title=title, caption=state.status_line(), caption_justify="left", expand=False)
     for col in COLUMNS:
         table.add_column(col.title, no_wrap=True)
     for row in state.rows(sort, filter_text):

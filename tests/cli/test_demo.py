@@ -212,6 +212,7 @@ def test_demo_serves_the_dashboard_from_the_same_samples() -> None:
     assert _wait_gone(pids, 1.0) == []
     # The table is drawn from the same state as the page: its status line carries the dashboard's note.
     assert f"dashboard: {url}" in out
+    assert f"phasescope · dashboard {url}" in out  # and every table's title names it (the app: its header)
     port = int(url.rsplit(":", 1)[1].strip("/"))
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass  # the server stopped with the demo

@@ -87,3 +87,34 @@ def test_help_has_an_example() -> None:
     done = _run("--help")
     assert done.returncode == 0 and "phasescope serve --source" in done.stdout
     assert "--metrics-token / --metrics-public" in done.stdout
+
+
+@pytest.mark.slow
+def test_store_history_is_served_from_the_start(shared_data: Path, tmp_path: Path) -> None:
+    """`serve --store` over a store holding five minutes of a real training run: the history and its phase
+    are on the API at once, ahead of the replay's own samples, and new samples go into the same store."""
+    import json
+
+    from phasescope.store import Store
+    from tests.cli.test_top import _store_from_the_training_run
+    from tests.live_helpers import TRAINING_RUN, training_traces
+    from tests.test_tui import HISTORY_ROWS
+
+    path = tmp_path / "live.sqlite"
+    before = _store_from_the_training_run(shared_data, path)
+    newest = time.time() - 5.0
+    src = f"replay:{shared_data / TRAINING_RUN}?speed=10"
+    with serve_process(["--source", src, "--store", str(path)], tmp_path) as url:
+        status, body = _get(url + "api/history")
+        assert status == 200
+        history = json.loads(body)
+        status, body = _get(url + "api/state")
+        state = json.loads(body)
+        train = training_traces(shared_data)[0].device.uuid
+        assert len(history[train]["t"]) >= HISTORY_ROWS and history[train]["t"][0] < newest - 290
+        assert {d["uuid"]: d["phase"]["phase"] for d in state["devices"]}[train] == "training"
+        time.sleep(1.0)
+    log = (tmp_path / "serve.log").read_text()
+    assert f"phasescope: history: {path}: {HISTORY_ROWS * 2} samples of 2 device(s)" in log
+    with Store(path, read_only=True) as store:
+        assert store.count() > before

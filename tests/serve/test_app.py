@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly
 import pytest
 
@@ -17,6 +18,7 @@ from phasescope.config import PriceConfig
 from phasescope.live_classify import LiveClassifier
 from phasescope.serve.agent import CHART_SIGNALS, Agent
 from phasescope.serve.app import PLOTLY_PATH, build_app
+from phasescope.sources.base import TickBatch
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.live_helpers import ticks
@@ -245,3 +247,62 @@ def test_streams_share_each_tick_encoding(agent: Agent, monkeypatch: pytest.Monk
     assert calls == {"snapshot": 1, "history": 2} and behind[1] == newest
     updates.body(8, newest)  # the next tick: built again
     assert calls == {"snapshot": 2, "history": 3}
+
+
+def test_store_history_and_phase_are_served_before_the_first_tick(shared_data: Path, tmp_path: Path) -> None:
+    """`serve --store` after a restart: the API has the store's last minutes and the phase the classifier
+    finds in them (real GPT-2 training on GPU 0, GPU 1 idle) before any live sample; then live ticks
+    follow the history, and only they count for energy."""
+    from phasescope.store import Store
+    from tests.live_helpers import training_traces
+    from tests.test_tui import HISTORY_ROWS, _training_rows, write_store
+
+    traces = training_traces(shared_data)
+    lo, hi = _training_rows(traces)
+    now = time.time()
+    path = tmp_path / "live.sqlite"
+    write_store(path, traces, lo, hi, now - 5.0)
+    train, idle = (t.device.uuid for t in traces)
+    said: list[str] = []
+    with Store(path) as store:
+        a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()), store=store)
+        assert a.load_history(now=now, say=said.append) == HISTORY_ROWS * 2
+        client = TestClient(build_app(a))
+        state = client.get("/api/state").json()
+        history = client.get("/api/history").json()
+        assert len(said) == 1
+        assert said[0].startswith(f"history: {path}: {HISTORY_ROWS * 2} samples of 2 device(s)")
+        assert state["ticks"] == 0
+        phase = {d["uuid"]: d["phase"] for d in state["devices"]}
+        assert phase[train]["phase"] == "training" and 0 < phase[train]["confidence"] <= 1
+        assert phase[idle]["phase"] == "idle"
+        for t in traces:
+            h = history[t.device.uuid]
+            assert len(h["t"]) == HISTORY_ROWS and h["t"][-1] == pytest.approx(now - 5.0, abs=1e-3)
+            np.testing.assert_allclose(np.array(h["gpu_util"], dtype=float), t["gpu_util"][lo:hi], atol=1e-4)
+        assert [b[2] for b in history[train]["bands"]][-1] == "training"
+        assert not any(d["energy"]["phases"] for d in state["devices"])  # nothing metered yet
+        live = ticks(traces, hi, hi + 3)
+        feed(a, (TickBatch(now + 1.0 + i, b.devices, b.values) for i, b in enumerate(live)))
+        after = client.get("/api/state").json()
+        assert after["ticks"] == 3 and len(client.get("/api/history").json()[train]["t"]) > HISTORY_ROWS
+        assert any(d["energy"]["phases"] for d in after["devices"])
+
+
+def test_load_history_without_a_store_or_with_nothing_recent(shared_data: Path, tmp_path: Path) -> None:
+    from phasescope.store import Store
+    from tests.live_helpers import training_traces
+    from tests.test_tui import _training_rows, write_store
+
+    traces = training_traces(shared_data)
+    a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    assert a.load_history() == 0
+    lo, hi = _training_rows(traces)
+    path = tmp_path / "old.sqlite"
+    write_store(path, traces, lo, hi, time.time() - 7200.0)  # two hours old: outside 600 ticks at 1 Hz
+    said: list[str] = []
+    with Store(path) as store:
+        b = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()), store=store)
+        assert b.load_history(say=said.append) == 0
+    assert said == [f"history: {path}: nothing from the last 10 min for the watched devices"]
+    assert b.state.device_uuids() == [] and b.classifier.reading(traces[0].device.uuid) is None

@@ -89,7 +89,7 @@ def command(
     requests, one thread each at lowered priority. Without NVML the host is watched and the workloads
     show up as its process sub-rows; with NVML the GPUs are watched, and the workloads run on a GPU when
     the installed PyTorch can use one (else on the CPU). One sampler feeds both the terminal view and
-    the dashboard (http://127.0.0.1:9464/ by default; its URL is printed and shown in the status line).
+    the dashboard (http://127.0.0.1:9464/ by default; its URL is printed, and kept in the full-screen header).
     Everything stops when the demo ends.
 
     \b
@@ -149,7 +149,8 @@ def command(
                 click.echo(f"demo: dashboard at {server.url}", nl=True)
             sys.stdout.flush()
         _watch(agent.state, source, interval, "plain" if plain else "tui", duration, "order", "", None,
-               sample=lambda stop, seconds: agent.run(stop, seconds, warm=False))
+               sample=lambda stop, seconds: agent.run(stop, seconds, warm=False),
+               web_url=server.url if server is not None else None)
         problems = children.failed()
     finally:
         if server is not None:

@@ -56,7 +56,8 @@ def pricing_note(usd_per_gpu_hour: float | None, usd_per_kwh: float | None) -> s
 @click.option("--history", "history_ticks", type=click.IntRange(60, 100_000), default=900, show_default=True,
               help="Samples per device kept for the charts.")
 @click.option("--store", "store_path", default=None,
-              help="Also keep every sample in this SQLite store (what `verify --since/--until` reads).")
+              help="Also keep every sample in this SQLite store (what `verify --since/--until` reads); on "
+                   "start, the charts and phases begin from its last --history samples.")
 def command(
     host: str | None,
     port: int | None,
@@ -79,6 +80,7 @@ def command(
       phasescope serve                                   # http://127.0.0.1:9464/
       PHASESCOPE_TOKEN=s3cret phasescope serve --host 0.0.0.0 --metrics-token
       phasescope serve --source 'replay:run.parquet?speed=10' --usd-per-gpu-hour 2.5
+      phasescope serve --store live.sqlite               # keeps samples; a restart shows the recent ones
     """
     from phasescope import config as config_mod
     from phasescope.classify.model import PhaseModel
@@ -116,6 +118,12 @@ def command(
                   history_ticks=history_ticks, idle_util=cfg.thresholds.idle_util,
                   gap_factor=cfg.thresholds.energy_gap_factor, hooks=hooks,
                   store=_open_store(store_path))
+    if agent.store is not None:
+        def say(line: str) -> None:
+            click.echo(f"phasescope: {line}", err=True)
+            agent.state.note(line)
+
+        agent.load_history(say=say)  # charts and phase from the store's recent samples, before tick one
     app = build_app(agent, token=token, metrics_token=metrics_token,
                     pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh))
     sock = bind(cfg.serve.host, bind_port)

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from phasescope.kpi.cost import Prices, cost_of
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.live_annotate import Annotator, HookKpiReader
 from phasescope.live_classify import LiveClassifier, PhaseReading
+from phasescope.live_history import backfill_phases, loaded_note, recent_traces
 from phasescope.live_state import LiveState, Row
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
@@ -68,8 +70,8 @@ class Agent:
         # The same per-tick step as `phasescope top`: phase into the state, hook KPIs where a run writes them.
         self._annotate: Annotator | None = Annotator(self.classifier, hooks)
         # The meter's gap rule works on the data clock: a replay at speed N still has its recorded spacing.
-        data_interval = float(getattr(source, "native_interval_s", interval_s))
-        self.energy = FleetEnergyMeter(data_interval, gap_factor)
+        self.data_interval_s = float(getattr(source, "native_interval_s", interval_s))
+        self.energy = FleetEnergyMeter(self.data_interval_s, gap_factor)
         self.sampler = Sampler(source, interval_s)
         self.started = time.time()
         self.exhausted = False  # a replay that reached its end: the last picture stays up
@@ -82,6 +84,33 @@ class Agent:
 
     def _device_prices(self, info: DeviceInfo) -> Prices:
         return self.prices.for_device(info.name)
+
+    def load_history(
+        self, seconds: float | None = None, *, now: float | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> int:
+        """Before `start()`: the watched devices' last `seconds` in the store (default: what the charts
+        hold, `history_ticks` at the data's own interval) into the charts, with the classifier replayed over
+        them, so the page has its history and a phase before the first live tick (as `top --store`).
+
+        Energy, cost and ticks still count this session only. What was loaded, and any problem with the
+        store (one line each, never raised), go to `say` (default: the status line). Returns samples loaded.
+        """
+        if self.store is None:
+            return 0
+        now = time.time() if now is None else now
+        seconds = self.state.capacity * self.data_interval_s if seconds is None else seconds
+        tell = self.state.note if say is None else say
+        devices = self.source.devices()
+        traces, failed = recent_traces(self.store, devices, seconds, tell, now)
+        loaded = self.state.preload(traces, devices) if traces else 0
+        if loaded:
+            backfill_phases(self.state, self.classifier)
+            tell(loaded_note(self.store.path, traces, now))
+        elif not failed and seconds > 0:
+            tell(f"history: {self.store.path}: nothing from the last {seconds / 60:.3g} min for the watched "
+                 "devices")
+        return loaded
 
     # ---- lifecycle ----
 
