@@ -10,6 +10,8 @@ import json
 
 import click
 
+from phasescope.cli._options import model_option
+
 MAX_LISTED = 10
 
 
@@ -26,13 +28,7 @@ MAX_LISTED = 10
     is_flag=True,
     help="Accept the key the bundle names (checks integrity, not who signed).",
 )
-@click.option(
-    "--model",
-    "model_path",
-    default=None,
-    type=click.Path(dir_okay=False, path_type=str),
-    help="Model file to re-run (default: the shipped model).",
-)
+@model_option("Model file to re-run (default: the shipped model).")
 @click.option(
     "--chain-only", is_flag=True, help="Check the chain and signatures only (for a telemetry ledger)."
 )

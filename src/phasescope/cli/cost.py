@@ -10,38 +10,19 @@ from typing import Any
 import click
 
 from phasescope import config as configmod
+from phasescope.cli._options import price_options
+from phasescope.display import fmt_usd
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.kpi.cost import Cost, Prices, cost_per_query, crossover, device_cost, phase_costs, total_cost
 from phasescope.kpi.energy import DeviceEnergy, device_energy
 from phasescope.schema import Trace
 
-_PRICE_OPTIONS = [
-    click.option(
-        "--price-gpu-hour",
-        type=click.FloatRange(min=0),
-        default=None,
-        help="USD per GPU-hour, for every device (over the config file and its per-model prices).",
-    ),
-    click.option(
-        "--price-kwh",
-        type=click.FloatRange(min=0),
-        default=None,
-        help="USD per kWh, for every device (over the config file and its per-model prices).",
-    ),
-    click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=False),
-        default=None,
-        help="Config file (default: $PHASESCOPE_CONFIG or ~/.config/phasescope/config.toml).",
-    ),
-]
-
-
-def _price_options(f: Any) -> Any:
-    for opt in reversed(_PRICE_OPTIONS):
-        f = opt(f)
-    return f
+# Also used by `report` and `top`.
+_price_options = price_options(
+    "USD per GPU-hour, for every device (over the config file and its per-model prices).",
+    "USD per kWh, for every device (over the config file and its per-model prices).",
+    "Config file (default: $PHASESCOPE_CONFIG or ~/.config/phasescope/config.toml).",
+)
 
 
 def _config(
@@ -94,24 +75,15 @@ def _load_model() -> tuple[Any, str]:
         return None, f"classifier not available ({type(exc).__name__}: {exc})"
 
 
-def _usd(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value == 0 or abs(value) >= 1:
-        return f"${value:,.2f}"
-    # Small amounts (a cost per query) keep three significant digits: $0.0000449, not $0.0000.
-    return f"${value:.{max(2, 2 - math.floor(math.log10(abs(value))))}f}"
-
-
 def _cost_text(c: Cost) -> str:
     if c.total_usd is None:
         return ""
     parts = []
     if c.time_usd is not None:
-        parts.append(f"time {_usd(c.time_usd)}")
+        parts.append(f"time {fmt_usd(c.time_usd)}")
     if c.energy_usd is not None:
-        parts.append(f"energy {_usd(c.energy_usd)}")
-    return f"  cost {_usd(c.total_usd)} ({', '.join(parts)})"
+        parts.append(f"energy {fmt_usd(c.energy_usd)}")
+    return f"  cost {fmt_usd(c.total_usd)} ({', '.join(parts)})"
 
 
 def _measured(paths: Sequence[str], fmt: str, cfg: configmod.Config, flags: Prices) -> tuple[Cost, list[Any]]:
@@ -230,9 +202,9 @@ def crossover_cmd(
             )
         )
         return
-    click.echo(f"training spend     {_usd(train_cost)} ({source['train_cost']})")
-    click.echo(f"cost per query     {_usd(cost_per_query_usd)} ({source['cost_per_query']})")
-    click.echo(f"inference per day  {_usd(daily)} at {queries_per_day:,.0f} queries/day")
+    click.echo(f"training spend     {fmt_usd(train_cost)} ({source['train_cost']})")
+    click.echo(f"cost per query     {fmt_usd(cost_per_query_usd)} ({source['cost_per_query']})")
+    click.echo(f"inference per day  {fmt_usd(daily)} at {queries_per_day:,.0f} queries/day")
     if math.isinf(days):
         click.echo("crossover          never (inference costs nothing per day)")
     else:

@@ -8,6 +8,7 @@ import sys
 import click
 
 from phasescope import config as configmod
+from phasescope.cli._options import price_options
 from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES
 from phasescope.fleet.scan import ScanOptions, scan
 from phasescope.fleet.shard import parse_shard
@@ -54,14 +55,10 @@ def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) 
     show_default=True,
     help="An idle GPU holding this much memory (or a pod) counts as held-idle.",
 )
-@click.option("--price-gpu-hour", type=click.FloatRange(min=0), default=None, help="USD per GPU-hour.")
-@click.option("--price-kwh", type=click.FloatRange(min=0), default=None, help="USD per kWh.")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Config file with prices (default: $PHASESCOPE_CONFIG or ~/.config/phasescope/config.toml).",
+@price_options(
+    "USD per GPU-hour.",
+    "USD per kWh.",
+    "Config file with prices (default: $PHASESCOPE_CONFIG or ~/.config/phasescope/config.toml).",
 )
 @click.option(
     "--batch-samples",

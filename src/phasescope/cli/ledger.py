@@ -13,6 +13,7 @@ import threading
 
 import click
 
+from phasescope.cli._options import duration_option, interval_option, key_option
 from phasescope.sources.open import SPEC_HELP
 
 
@@ -25,13 +26,8 @@ from phasescope.sources.open import SPEC_HELP
     help="Ledger file (JSON Lines); appended to when it exists.",
 )
 @click.option("--source", default="auto", show_default=True, help=SPEC_HELP)
-@click.option(
-    "--duration",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Stop after this many seconds (default: until Ctrl-C).",
-)
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+@duration_option("Stop after this many seconds (default: until Ctrl-C).")
+@interval_option()
 @click.option(
     "--batch",
     "batch_rows",
@@ -47,7 +43,7 @@ from phasescope.sources.open import SPEC_HELP
     show_default=True,
     help="Records per signed Merkle root.",
 )
-@click.option("--key", "key_name", default="default", show_default=True, help="Signing key name.")
+@key_option("Signing key name.")
 def command(
     output: str,
     source: str,

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from phasescope.cli._options import duration_option, interval_option, key_option, model_option
 from phasescope.errors import InputError, PhasescopeError
 
 EXIT_INCONSISTENT = 1
@@ -121,16 +122,8 @@ def print_table(verdicts: Sequence[dict[str, Any]], total: dict[str, Any] | None
 @click.option(
     "--source", default=None, help="Watch a live source now: auto, nvml, host or replay:PATH?speed=N."
 )
-@click.option(
-    "--duration", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds to watch --source."
-)
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=1.0,
-    show_default=True,
-    help="Sampling interval for --source, seconds.",
-)
+@duration_option("Seconds to watch --source.")
+@interval_option("Sampling interval for --source, seconds.")
 @click.option(
     "--window",
     "window_s",
@@ -138,13 +131,7 @@ def print_table(verdicts: Sequence[dict[str, Any]], total: dict[str, Any] | None
     default=None,
     help="Verdict window length in seconds (default: one verdict per device over the whole span).",
 )
-@click.option(
-    "--model",
-    "model_path",
-    default=None,
-    type=click.Path(dir_okay=False, path_type=str),
-    help="Model file (default: the shipped model).",
-)
+@model_option("Model file (default: the shipped model).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per verdict per line, then a summary.")
 @click.option(
     "--bundle",
@@ -153,13 +140,7 @@ def print_table(verdicts: Sequence[dict[str, Any]], total: dict[str, Any] | None
     type=click.Path(dir_okay=False, path_type=str),
     help="Write a signed evidence bundle here (for phasescope audit).",
 )
-@click.option(
-    "--key",
-    "key_name",
-    default="default",
-    show_default=True,
-    help="Name of the signing key (generated on first use, stored 0600).",
-)
+@key_option("Name of the signing key (generated on first use, stored 0600).")
 @click.option(
     "--strict", is_flag=True, help="Exit 3 when no window is inconsistent but some are unverifiable."
 )

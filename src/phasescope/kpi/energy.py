@@ -67,8 +67,23 @@ def as_segments(segments: Iterable[Any]) -> list[tuple[float, float, str]]:
 # ---------------------------------------------------------------- results
 
 
+class _EnergyFigures:
+    """kWh and mean power from `joules` over `covered_s` (the seconds that have energy data)."""
+
+    joules: float
+    covered_s: float
+
+    @property
+    def kwh(self) -> float:
+        return self.joules / J_PER_KWH
+
+    @property
+    def mean_power_w(self) -> float:
+        return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
+
+
 @dataclass(frozen=True)
-class PhaseEnergy:
+class PhaseEnergy(_EnergyFigures):
     """Energy over the time one label's segments span on one device."""
 
     label: str
@@ -77,16 +92,8 @@ class PhaseEnergy:
     covered_s: float  # part of `seconds` that has energy data
 
     @property
-    def kwh(self) -> float:
-        return self.joules / J_PER_KWH
-
-    @property
     def coverage(self) -> float:
         return self.covered_s / self.seconds if self.seconds > 0 else float("nan")
-
-    @property
-    def mean_power_w(self) -> float:
-        return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,7 +108,7 @@ class PhaseEnergy:
 
 
 @dataclass(frozen=True)
-class DeviceEnergy:
+class DeviceEnergy(_EnergyFigures):
     """Energy of one device over one trace, with the method used and how much of the span it covers."""
 
     device: str  # uuid
@@ -114,20 +121,12 @@ class DeviceEnergy:
     phases: dict[str, PhaseEnergy] = field(default_factory=dict)
 
     @property
-    def kwh(self) -> float:
-        return self.joules / J_PER_KWH
-
-    @property
     def coverage(self) -> float:
         return self.covered_s / self.span_s if self.span_s > 0 else float("nan")
 
     @property
     def uncovered_s(self) -> float:
         return max(self.span_s - self.covered_s, 0.0)
-
-    @property
-    def mean_power_w(self) -> float:
-        return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
 
     def phases_or_whole(self) -> dict[str, PhaseEnergy]:
         """`phases`, or the whole trace under ``unsegmented`` when no segments were given."""

@@ -84,6 +84,11 @@ class FlopEstimate:
     seconds: float  # seconds of telemetry the sum covers
     note: str
 
+    @classmethod
+    def unknown(cls, note: str) -> FlopEstimate:
+        """No estimate (method "none"): the band is NaN and every threshold undetermined."""
+        return cls(float("nan"), float("nan"), float("nan"), "none", 0.0, note)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -108,6 +113,11 @@ def _dt(time: FloatArray) -> FloatArray:
     return np.append(d, med if time.size else 0.0)
 
 
+def _coverage(dt: FloatArray, ok: np.ndarray, gap_s: float) -> tuple[float, float]:
+    """Seconds with a reading, and seconds without one (window gaps included): those count at full peak."""
+    return float(np.sum(dt[ok])), gap_s + float(np.sum(dt[~ok]))
+
+
 def estimate_flop(trace: Trace, span: tuple[float, float] | None = None) -> FlopEstimate:
     """FLOP over the trace (cut it to the window first). See the module doc for the method.
 
@@ -117,14 +127,7 @@ def estimate_flop(trace: Trace, span: tuple[float, float] | None = None) -> Flop
     name = device_name(trace)
     peaks = lookup_peaks(name) if name else None
     if peaks is None:
-        return FlopEstimate(
-            float("nan"),
-            float("nan"),
-            float("nan"),
-            "none",
-            0.0,
-            f"no peak-FLOP entry for device model {name or '(unnamed)'}",
-        )
+        return FlopEstimate.unknown(f"no peak-FLOP entry for device model {name or '(unnamed)'}")
     dt = _dt(trace.time)
     gap_s = max((span[1] - span[0]) - float(dt.sum()), 0.0) if span is not None else 0.0
     max_clock = lookup_gpu(name).max_sm_clock
@@ -143,8 +146,8 @@ def estimate_flop(trace: Trace, span: tuple[float, float] | None = None) -> Flop
         upper = float(
             np.sum(base * ratio_hi) * peaks.tensor_high + np.sum(u * ratio_hi * dt * ok) * peaks.fp32
         )
-        secs = float(np.sum(dt[ok]))
-        upper += (gap_s + float(np.sum(dt[~ok]))) * worst_clock * (peaks.tensor_high + peaks.fp32)
+        secs, blind_s = _coverage(dt, ok, gap_s)
+        upper += blind_s * worst_clock * (peaks.tensor_high + peaks.fp32)
         note = (
             f"tensor_active x SM clock/{peaks.clock_hz / 1e6:.0f} MHz x dense peak; band = TF32..FP8 "
             "precision (not observable) plus FP32 CUDA-core work up to gpu_util"
@@ -155,21 +158,14 @@ def estimate_flop(trace: Trace, span: tuple[float, float] | None = None) -> Flop
         base = np.where(ok, util, 0.0) * dt
         est = float(np.sum(base * ratio) * peaks.tensor_16 * ASSUMED_MFU)
         upper = float(np.sum(base * ratio_hi) * peaks.tensor_high)
-        secs = float(np.sum(dt[ok]))
-        upper += (gap_s + float(np.sum(dt[~ok]))) * worst_clock * peaks.tensor_high
+        secs, blind_s = _coverage(dt, ok, gap_s)
+        upper += blind_s * worst_clock * peaks.tensor_high
         note = (
             f"gpu_util only: upper = busy time x fastest dense tensor peak; lower = 0 (busy kernels may do "
             f"no arithmetic); estimate assumes {ASSUMED_MFU:.0%} of the FP16/BF16 peak while busy"
         )
         return FlopEstimate(est, 0.0, upper, "gpu_util", secs, note)
-    return FlopEstimate(
-        float("nan"),
-        float("nan"),
-        float("nan"),
-        "none",
-        0.0,
-        "neither tensor_active nor gpu_util in the telemetry",
-    )
+    return FlopEstimate.unknown("neither tensor_active nor gpu_util in the telemetry")
 
 
 def thresholds(est: FlopEstimate) -> dict[str, str]:

@@ -93,6 +93,11 @@ def head_text(path: Path, size: int = 65536) -> str:
     return read_head(path, size).decode("utf-8", errors="replace")
 
 
+def head_lines(path: Path, size: int = 65536) -> list[str]:
+    """The lines in the first `size` bytes, without a leading BOM (what the sniffers look at)."""
+    return head_text(path, size).lstrip("\ufeff").splitlines()
+
+
 def check_options(path: PathLike, options: Options | None, known: Iterable[str], fmt: str) -> dict[str, str]:
     """Options as a dict; an option the reader does not know is an InputError."""
     opts = dict(options or {})
@@ -187,6 +192,29 @@ def strings_to_float(
 def arrow_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An Arrow boolean column as a numpy bool array (null = False)."""
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def dictionary_codes(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """Dictionary-encode a text column: per-row codes (numpy int64, null read as "") and the distinct
+    values in order of first appearance. One Python object per distinct value, none per row."""
+    enc = pc.dictionary_encode(pc.fill_null(_as_array(col), ""))
+    codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return codes, enc.dictionary.to_pylist()
+
+
+def arrow_all(arr: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether every value of an Arrow boolean column is true (null = False; empty = True)."""
+    return bool(pc.all(pc.fill_null(arr, False)).as_py() is not False)
+
+
+def require_finite(
+    values: FloatArray, path: PathLike, field: str, expected: str, got: str, *, rows: np.ndarray | None = None
+) -> None:
+    """InputError naming the first row whose value is NaN/inf (`rows`: file row index of each value)."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        row = int(bad[0]) if rows is None else int(rows[bad[0]])
+        raise InputError(path, f"row {row + 1}, field {field!r}", expected, got)
 
 
 def _hex_to_float(

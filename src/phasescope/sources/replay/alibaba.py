@@ -23,9 +23,11 @@ from phasescope.sources.replay._common import (
     base_meta,
     check_file,
     check_options,
+    dictionary_codes,
     guarded,
-    head_text,
+    head_lines,
     read_csv_strings,
+    require_finite,
     strings_to_float,
 )
 
@@ -38,7 +40,7 @@ _COLUMNS = {"value", "timestamp_anon", "container_ip"}
 
 
 def _header(path: Path) -> list[str]:
-    lines = head_text(path, 1024).lstrip("\ufeff").splitlines()
+    lines = head_lines(path, 1024)
     return [c.strip() for c in lines[0].split(",")] if lines else []
 
 
@@ -68,9 +70,7 @@ def _load(p: Path) -> tuple[str, FloatArray, FloatArray, pa.ChunkedArray]:
     col = {name: table.column(f"c{j}") for j, name in enumerate(header)}
     value = strings_to_float(col["value"], p, "value", strip_suffix=False) * factor
     time = strings_to_float(col["timestamp_anon"], p, "timestamp_anon", strip_suffix=False)
-    bad = np.flatnonzero(~np.isfinite(time))
-    if bad.size:
-        raise InputError(p, f"row {int(bad[0]) + 1}, field 'timestamp_anon'", "a time in seconds", "empty")
+    require_finite(time, p, "timestamp_anon", "a time in seconds", "empty")
     ip = pc.utf8_trim_whitespace(col["container_ip"])
     return sig, value, time, ip
 
@@ -89,10 +89,8 @@ def read(path: PathLike, options: Options | None = None) -> list[Trace]:
     # Join on (container, time): the union of sample times per container, NaN where a file lacks one.
     # Container hashes -> integer codes through Arrow's dictionary encoding (no per-row Python).
     ips = pa.chunked_array([c for _, _, _, ip in loaded for c in ip.chunks], pa.string())
-    encoded = pc.dictionary_encode(ips).combine_chunks()
+    code, names = dictionary_codes(ips)
     times = np.concatenate([t for _, _, t, _ in loaded])
-    names = encoded.dictionary.to_pylist()
-    code = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     # Codes in sorted-hash order, so traces come out in the same order whichever file was given.
     rank = np.empty(len(names), dtype=np.int64)
     rank[np.argsort(np.array(names, dtype=object))] = np.arange(len(names))

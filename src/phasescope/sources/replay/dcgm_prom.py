@@ -23,10 +23,12 @@ from phasescope.schema import KB_PER_S, MHZ, MIB, PERCENT, DeviceInfo, FloatArra
 from phasescope.sources.replay._common import (
     Options,
     PathLike,
+    arrow_all,
     arrow_mask,
     base_meta,
     check_file,
     check_options,
+    dictionary_codes,
     float_option,
     guarded,
     head_text,
@@ -189,7 +191,7 @@ def _split_fast(lines: pa.Array) -> _Parts | None:
     with and without timestamps, or anything irregular, go to `_split_regex`.
     """
     first = pc.ascii_split_whitespace(lines, max_splits=1, reverse=True)
-    if not _all(pc.equal(pc.list_value_length(first), 2)):
+    if not arrow_all(pc.equal(pc.list_value_length(first), 2)):
         return None
     rest, last = pc.list_element(first, 0), pc.list_element(first, 1)
     second = pc.ascii_split_whitespace(rest, max_splits=1, reverse=True)
@@ -198,7 +200,7 @@ def _split_fast(lines: pa.Array) -> _Parts | None:
     )
     if has_ts.all():
         head, value, ts = pc.list_element(second, 0), pc.list_element(second, 1), last
-        if not _all(pc.match_substring_regex(ts, r"^-?\d+$")):
+        if not arrow_all(pc.match_substring_regex(ts, r"^-?\d+$")):
             return None
     elif not has_ts.any():
         head, value, ts = rest, last, None
@@ -206,7 +208,7 @@ def _split_fast(lines: pa.Array) -> _Parts | None:
         return None
     if pc.any(pc.match_substring(value, "}")).as_py():  # a '}' after the labels: let the regex decide
         return None
-    head_codes, heads = _encode(head)
+    head_codes, heads = dictionary_codes(head)
     names: list[str] = []
     label_text: list[str] = []
     for h in heads:
@@ -239,13 +241,13 @@ def _split_regex(p: Path, lines: pa.Array, line_no: np.ndarray) -> _Parts:
     if miss.any():
         k = int(np.flatnonzero(miss)[0])
         errors.append((k, InputError(p, f"line {line_no[k] + 1}", sample_error, lines[k].as_py()[:60])))
-    label_codes, label_text = _encode(pc.struct_field(parts, "labels"))
+    label_codes, label_text = dictionary_codes(pc.struct_field(parts, "labels"))
     parsed = [_labels(text) for text in label_text]
     bad = np.flatnonzero(np.isin(label_codes, [i for i, lab in enumerate(parsed) if lab is None]) & ~miss)
     if bad.size:
         k = int(bad[0])
         errors.append((k, InputError(p, f"line {line_no[k] + 1}", sample_error, lines[k].as_py()[:60])))
-    name_codes, names = _encode(pc.struct_field(parts, "name"))
+    name_codes, names = dictionary_codes(pc.struct_field(parts, "name"))
     known = _known(name_codes, names) & ~miss
     raw = pc.struct_field(parts, "value")
     value = np.full(len(lines), np.nan)
@@ -280,17 +282,6 @@ def _recode(codes: np.ndarray, per_code: list[str]) -> tuple[np.ndarray, list[st
     distinct = list(dict.fromkeys(per_code))
     where = {v: i for i, v in enumerate(distinct)}
     return np.array([where[v] for v in per_code], dtype=np.int64)[codes], distinct
-
-
-def _all(arr: pa.Array) -> bool:
-    return bool(pc.all(pc.fill_null(arr, False)).as_py() is not False)
-
-
-def _encode(col: pa.Array) -> tuple[np.ndarray, list[str]]:
-    """Dictionary-encode a text column: per-row codes (numpy) and the distinct values."""
-    enc = pc.dictionary_encode(pc.fill_null(col, ""))
-    codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return codes, enc.dictionary.to_pylist()
 
 
 def _floats(col: pa.Array) -> FloatArray:

@@ -29,7 +29,7 @@ from phasescope.sources.replay._common import (
     check_options,
     float_option,
     guarded,
-    head_text,
+    head_lines,
     int_option,
     parse_timestamps,
     read_csv_strings,
@@ -89,7 +89,7 @@ def _split_line(line: str) -> list[str]:
 
 
 def _first_lines(path: Path, n: int = 64) -> list[str]:
-    return [ln for ln in head_text(path, 65536).lstrip("\ufeff").splitlines() if ln.strip()][:n]
+    return [ln for ln in head_lines(path) if ln.strip()][:n]
 
 
 def _is_header(fields: Sequence[str]) -> bool:

@@ -23,13 +23,14 @@ from phasescope.schema import MHZ, MIB, PERCENT, DeviceInfo, FloatArray, Trace
 from phasescope.sources.replay._common import (
     Options,
     PathLike,
+    arrow_all,
     arrow_mask,
     base_meta,
     check_file,
     check_options,
     float_option,
     guarded,
-    head_text,
+    head_lines,
     read_lines,
     synth_uuid,
 )
@@ -62,7 +63,7 @@ def sniff(path: PathLike) -> bool:
     p = Path(path)
     if not p.is_file():
         return False
-    lines = head_text(p, 16384).lstrip("\ufeff").splitlines()
+    lines = head_lines(p, 16384)
     for i, line in enumerate(lines[:40]):
         if _HEADER_RE.match(line) and i + 1 < len(lines) and lines[i + 1].lstrip().startswith("#"):
             return True
@@ -114,12 +115,8 @@ def _parse_text(p: Path, lines: pa.Array) -> _Table:
     data = row_like & after & ~comment & ~blank
     skipped = int(np.count_nonzero(~data & ~comment & ~blank))  # text around the table (prompts, logs)
     # ASCII splitting is ~3x faster than Unicode-aware; both agree on ASCII text (all real dmon output).
-    split = pc.ascii_split_whitespace if _is_ascii(text) else pc.utf8_split_whitespace
+    split = pc.ascii_split_whitespace if arrow_all(pc.string_is_ascii(text)) else pc.utf8_split_whitespace
     return _split_rows(p, text, data, names, units, skipped, split, "whitespace-separated")
-
-
-def _is_ascii(text: pa.Array) -> bool:
-    return bool(pc.all(pc.string_is_ascii(text)).as_py() is not False)
 
 
 def _headers(p: Path, lines: pa.Array, comments: np.ndarray) -> tuple[list[str], list[str], int]:

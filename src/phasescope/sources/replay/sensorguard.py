@@ -24,8 +24,9 @@ from phasescope.sources.replay._common import (
     check_file,
     check_options,
     guarded,
-    head_text,
+    head_lines,
     read_csv_strings,
+    require_finite,
     strings_to_float,
 )
 
@@ -67,7 +68,8 @@ def sniff(path: PathLike) -> bool:
     csv = _csv_path(p)
     if not csv.is_file():
         return False
-    return head_text(csv, 512).lstrip("\ufeff").startswith(",".join(_HEADER[:3]))
+    lines = head_lines(csv, 512)
+    return bool(lines) and lines[0].startswith(",".join(_HEADER[:3]))
 
 
 @guarded(NAME)
@@ -82,7 +84,7 @@ def read(path: PathLike, options: Options | None = None) -> list[Trace]:
 
 
 def _read_table(csv: Path) -> pa.Table:
-    header = head_text(csv, 4096).lstrip("\ufeff").splitlines()
+    header = head_lines(csv, 4096)
     names = header[0].strip().split(",") if header else []
     missing = [c for c in (*_HEADER, *_VALUES) if c not in names]
     if missing:
@@ -114,9 +116,7 @@ def _split(csv: Path, table: pa.Table, manifest: dict[str, Any]) -> list[Trace]:
     if not ok.any():
         raise InputError(csv, "column 'status'", "at least one row with status 'ok'", "none")
     rows = np.flatnonzero(ok)
-    bad_time = rows[~np.isfinite(receipt[rows])]
-    if bad_time.size:
-        raise InputError(csv, f"row {int(bad_time[0]) + 1}, field 't_receipt_raw_s'", "a number", "empty")
+    require_finite(receipt[rows], csv, "t_receipt_raw_s", "a number", "empty", rows=rows)
 
     # Parse on the whole table so an error names the row as it is in the file, then keep the ok rows.
     time = receipt[rows]

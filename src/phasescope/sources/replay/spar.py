@@ -27,6 +27,7 @@ from phasescope.sources.replay._common import (
     check_options,
     guarded,
     read_head,
+    require_finite,
     sort_by_time,
     synth_uuid,
 )
@@ -99,11 +100,7 @@ def read(path: PathLike, options: Options | None = None) -> list[Trace]:
 
 def _one(p: Path, table: pa.Table, uuid: str, n: int, file_meta: dict[str, Any]) -> Trace:
     time = _float(p, table, "timestamp_epoch")
-    bad = np.flatnonzero(~np.isfinite(time))
-    if bad.size:
-        raise InputError(
-            p, f"row {int(bad[0]) + 1}, field 'timestamp_epoch'", "a Unix time in seconds", "null"
-        )
+    require_finite(time, p, "timestamp_epoch", "a Unix time in seconds", "null")
     cols: dict[str, FloatArray] = {}
     for mapping in (_NVML, _DCGM):
         for col, (sig, factor) in mapping.items():
