@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
 import math
 from pathlib import Path
@@ -9,13 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from phasescope.classify import onset
 from phasescope.classify.model import PhaseModel, WindowPredictions
 from phasescope.live_classify import LiveClassifier
 from phasescope.live_state import LiveState
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, Trace
 from phasescope.sources.base import TickBatch
+from phasescope.sources.host import HOST_KIND
 from phasescope.sources.replay import read
-from tests.live_helpers import ticks
+from tests.live_helpers import TRAINING_RUN, ticks, training_traces
 
 # Real RTX 3090 run (sensorguard): GPU 4 idles for ~50 s, then the training run migrates onto it.
 MIGRATION_RUN = "sensorguard-rtx3090/20260830T145310Z_dev-migration_node1-gpu3-4_r01/nvml.csv"
@@ -30,6 +33,11 @@ def model() -> PhaseModel:
 @pytest.fixture(scope="module")
 def migration(shared_data: Path) -> list[Trace]:
     return read(shared_data / MIGRATION_RUN)
+
+
+@pytest.fixture(scope="module")
+def alarm_model() -> PhaseModel:
+    return onset.load_alarm_model()
 
 
 def _replay(traces: list[Trace], lc: LiveClassifier, stop: int | None = None) -> tuple[LiveState, dict]:
@@ -150,3 +158,89 @@ def test_one_odd_window_does_not_flip_the_phase() -> None:
 def test_rejects_nonsense_settings(model: PhaseModel) -> None:
     with pytest.raises(ValueError, match="every_s"):
         LiveClassifier(model, every_s=0.0)
+
+
+def _labelled_starts(shared_data: Path, run: str, traces: list[Trace]) -> dict[str, float | None]:
+    """uuid -> labelled training start (labels.csv t_from) of one recording's devices; None: no training."""
+    with open(shared_data / "labels.csv", newline="") as f:
+        rows = {r["gpu_index"]: r for r in csv.DictReader(f) if r["path"] == run}
+    out = {}
+    for t in traces:
+        r = rows[str(t.device.index)]
+        out[t.device.uuid] = float(r["t_from"]) if r["label"] == "training" else None
+    return out
+
+
+def _alarm_replay(traces: list[Trace], lc: LiveClassifier, stop: int | None = None) -> dict[str, dict]:
+    """Per uuid: data time the alarm first held, the badge first said training, the alarm's states."""
+    state = LiveState("replay")
+    out: dict[str, dict] = {t.device.uuid: {"fired": None, "badge": None, "states": set()} for t in traces}
+    for batch in ticks(traces, stop=stop):
+        state.ingest(batch)
+        lc.update(state)
+        for dev in batch.devices:
+            r = lc.reading(dev.uuid)
+            seen = out[dev.uuid]
+            if r is None:
+                continue
+            seen["states"].add((r.training_alarm, r.alarm_at is not None))
+            if r.training_alarm and seen["fired"] is None:
+                seen["fired"] = batch.time
+                assert r.alarm_at == batch.time and r.to_dict()["alarm_at"] == batch.time
+            if r.phase == "training" and seen["badge"] is None:
+                seen["badge"] = batch.time
+    return out
+
+
+@pytest.mark.parametrize("run", [MIGRATION_RUN, TRAINING_RUN])
+def test_training_alarm_fires_after_the_labelled_start_and_before_the_badge(
+    shared_data: Path, run: str, model: PhaseModel, alarm_model: PhaseModel
+) -> None:
+    # Real SensorGuard recordings with telemetry before the start. The shipped onset model was fitted on
+    # these runs among others, so this checks the live wiring, not accuracy (docs/EVALUATION.md has that).
+    traces = read(shared_data / run) if run == MIGRATION_RUN else training_traces(shared_data)
+    starts = _labelled_starts(shared_data, run, traces)
+    assert all(t.time[0] < start for t in traces if (start := starts[t.device.uuid]) is not None)
+    lc = LiveClassifier(model, alarm_model=alarm_model)
+    begun = [s for s in starts.values() if s is not None]
+    # Stop two minutes after the start: time enough for the alarm, not for the test.
+    stop = int(np.searchsorted(traces[0].time, max(begun) + 120.0))
+    got = _alarm_replay(traces, lc, stop=stop)
+    for uuid, start in starts.items():
+        seen = got[uuid]
+        assert seen["states"] <= {(False, False), (True, True)}  # alarm_at set exactly while it holds
+        if start is None:  # an idle bystander: never alarmed
+            assert seen["fired"] is None, seen
+            continue
+        assert seen["fired"] is not None and start <= seen["fired"] <= start + 60.0, (start, seen)
+        # The point of the onset model: it fires before the window classifier's badge turns training.
+        assert seen["badge"] is None or seen["fired"] < seen["badge"], (start, seen)
+    assert lc.alarm_runs > 0
+
+
+def test_alarm_can_be_turned_off_and_skips_the_host(migration: list[Trace], model: PhaseModel,
+                                                     alarm_model: PhaseModel) -> None:
+    off = LiveClassifier(model, alarm=False)
+    _replay(migration, off, stop=40)
+    assert off.alarm_runs == 0 and off.runs > 0
+    r = off.reading(migration[0].device.uuid)
+    assert r is not None and not r.training_alarm and r.to_dict()["alarm_at"] is None
+    # The host pseudo-device (CPU and RAM) is classified but never alarmed on; the GPU beside it is.
+    host = DeviceInfo("host-n1", "Some CPU", None, "n1", extra={"kind": HOST_KIND})
+    gpu = migration[0]
+    lc = LiveClassifier(model, alarm_model=alarm_model)
+    state = LiveState("replay")
+    for batch in ticks([gpu], stop=40):
+        state.ingest(TickBatch(batch.time, [gpu.device, host], np.vstack([batch.values, batch.values])))
+        lc.update(state)
+    assert lc.reading(host.uuid) is not None and lc.reading(gpu.device.uuid) is not None
+    assert lc.alarm_runs == lc.runs // 2  # every_s and the alarm's stride are both 5 s: one per GPU run
+
+
+def test_warm_up_parses_the_alarm_model_too(model: PhaseModel) -> None:
+    fresh = onset.load_alarm_model()
+    assert all(sub._booster is None for sub in fresh.submodels)  # parsed on first use, not on load
+    LiveClassifier(model, alarm_model=fresh, alarm=False).warm_up()
+    assert all(sub._booster is None for sub in fresh.submodels)  # alarm off: not parsed at all
+    LiveClassifier(model, alarm_model=fresh).warm_up()
+    assert all(sub._booster is not None for sub in fresh.submodels)  # no tick pays for the parse

@@ -10,6 +10,12 @@ does not flip the badge; `since` is the time of the first of those runs (when ph
 Runs that cannot judge (too little history, too few signals) say "unknown" only when no phase is held yet
 or the device has gone dark; otherwise the held phase stays until evidence for another one arrives, with
 the confidence of the last window that was judged and `held` set (views mark it rather than show no %).
+
+The "training started" alarm runs beside it on its own model (`classify.onset`: 15 s windows fitted on
+windows that straddle a run's start, so it fires sooner than the badge turns): every `onset.ONSET_STRIDE_S`
+of data time each GPU's last `onset.HISTORY_S` seconds go to its `OnsetAlarm`. The reading carries
+`training_alarm` (latched until the training evidence is gone) and `alarm_at` (data time it fired). The host
+pseudo-device gets no alarm: the model was fitted on GPU telemetry only.
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from phasescope.classify import onset
 from phasescope.classify.decide import finite_or_none
 from phasescope.classify.model import PhaseModel
 from phasescope.live_state import LiveState
 from phasescope.schema import PHASES, SIGNAL_NAMES, Trace
+from phasescope.sources.host import is_host_device
 
 UNKNOWN = "unknown"
 MAX_BANDS = 500  # phase bands kept per device (the dashboard's coloured stretches)
@@ -40,6 +48,8 @@ class PhaseReading:
     since: float  # Unix s (data clock) the current phase began, as first seen
     t: float  # data time of the run that produced this reading
     held: bool = False  # this run judged no window: phase, confidence and proba are the last judged ones
+    training_alarm: bool = False  # the onset alarm holds: training has started (latched until it ends)
+    alarm_at: float | None = None  # data time the holding alarm fired; None while it does not hold
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -49,6 +59,8 @@ class PhaseReading:
             "since": finite_or_none(self.since),
             "t": finite_or_none(self.t),
             "held": self.held,
+            "training_alarm": self.training_alarm,
+            "alarm_at": None if self.alarm_at is None else finite_or_none(self.alarm_at),
         }
 
 
@@ -69,6 +81,9 @@ class _DeviceTrack:
     candidate_since: float = math.nan
     candidate_runs: int = 0
     bands: deque[PhaseBand] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
+    alarm: onset.OnsetAlarm | None = None  # None: not alarmed on (host pseudo-device, or alarm off)
+    alarm_run: float = -math.inf  # data time of the alarm's last update
+    alarm_at: float | None = None
 
 
 class LiveClassifier:
@@ -80,6 +95,8 @@ class LiveClassifier:
         window_s: float = 60.0,
         every_s: float = 5.0,
         confirm: int = 2,
+        alarm: bool = True,
+        alarm_model: PhaseModel | None = None,
     ) -> None:
         if not (window_s > 0 and every_s > 0 and confirm >= 1):
             raise ValueError(
@@ -90,13 +107,26 @@ class LiveClassifier:
         self.every_s = float(every_s)
         self.confirm = int(confirm)
         self.runs = 0  # classifier runs so far, all devices (for tests and the status line)
+        self.alarm_enabled = bool(alarm)
+        self._alarm_model = alarm_model  # loaded on first use (or in warm_up) when None
+        self._alarm_load = threading.Lock()  # warm_up may run in a thread beside the first updates
+        self.alarm_runs = 0  # onset alarm updates so far, all devices
         self._tracks: dict[str, _DeviceTrack] = {}
         self._lock = threading.Lock()
 
     def warm_up(self) -> None:
         """Parse every submodel's booster now (LightGBM's first parse takes seconds), not in a tick."""
-        for sub in self.model.submodels:
-            _ = sub.booster
+        models = [self.model, self.alarm_model()] if self.alarm_enabled else [self.model]
+        for m in models:
+            for sub in m.submodels:
+                _ = sub.booster
+
+    def alarm_model(self) -> PhaseModel:
+        """The onset model the alarm runs on (the shipped one unless given), loaded on first call."""
+        with self._alarm_load:  # one load, so the model warm_up parses is the one the tracks use
+            if self._alarm_model is None:
+                self._alarm_model = onset.load_alarm_model()
+            return self._alarm_model
 
     # ---- writer ----
 
@@ -110,20 +140,50 @@ class LiveClassifier:
             return  # no tick yet
         for uuid in state.device_uuids():
             with self._lock:
-                track = self._tracks.setdefault(uuid, _DeviceTrack())
+                track = self._tracks.get(uuid)
+                if track is None:
+                    track = self._tracks[uuid] = self._new_track(state, uuid)
                 due = t_now - track.last_run >= self.every_s
+            if track.alarm is not None and t_now - track.alarm_run >= onset.ONSET_STRIDE_S:
+                self._alarm_step(state, uuid, track, track.alarm, t_now)
             if not due:
                 continue
-            trace = self._recent(state, uuid, t_now)
+            trace = self._recent(state, uuid, t_now, self.window_s)
             phase, proba = self._judge(trace)
             with self._lock:
                 track.last_run = t_now
                 self.runs += 1
                 self._advance(track, t_now, phase, proba, dark=state.is_lost(uuid) or not len(trace))
 
-    def _recent(self, state: LiveState, uuid: str, t_now: float) -> Trace:
+    def _new_track(self, state: LiveState, uuid: str) -> _DeviceTrack:
+        track = _DeviceTrack()
+        if self.alarm_enabled and not is_host_device(state.device_info(uuid)):
+            model = self.alarm_model()
+            track.alarm = onset.OnsetAlarm(model, onset.alarm_params(model))
+        return track
+
+    def _alarm_step(
+        self, state: LiveState, uuid: str, track: _DeviceTrack, alarm: onset.OnsetAlarm, t_now: float
+    ) -> None:
+        """Feed the device's last HISTORY_S seconds to its onset alarm; the reading follows its state."""
+        trace = self._recent(state, uuid, t_now, onset.HISTORY_S)
+        if not len(trace):  # dark: whatever held has ended; start afresh when data returns
+            alarm = track.alarm = onset.OnsetAlarm(alarm.model, alarm.params)
+        fired = alarm.update(trace)
+        with self._lock:
+            track.alarm_run = t_now
+            self.alarm_runs += 1
+            if fired:
+                track.alarm_at = t_now
+            elif not alarm.active:
+                track.alarm_at = None
+            if track.reading is not None:
+                track.reading = replace(track.reading, training_alarm=alarm.active, alarm_at=track.alarm_at)
+
+    def _recent(self, state: LiveState, uuid: str, t_now: float, span: float) -> Trace:
+        """The device's samples in (t_now - span, t_now] that hold some data."""
         times = state.history_times(uuid)
-        keep = (times > t_now - self.window_s) & (times <= t_now)
+        keep = (times > t_now - span) & (times <= t_now)
         cols = {s: state.history(uuid, s)[keep] for s in SIGNAL_NAMES}
         # Only rows with some data: a lost device's NaN rows would otherwise read as a sampled gap.
         rows = np.zeros(int(keep.sum()), dtype=bool)
@@ -166,7 +226,10 @@ class LiveClassifier:
                 new_phase, since = held, (track.reading.since if track.reading else t)
         conf = proba.get(new_phase, math.nan)
         prev_t = track.reading.t if track.reading else t
-        track.reading = PhaseReading(new_phase, conf, proba, since, t, held=no_evidence)
+        alarm = track.alarm is not None and track.alarm.active
+        track.reading = PhaseReading(
+            new_phase, conf, proba, since, t, held=no_evidence, training_alarm=alarm, alarm_at=track.alarm_at
+        )
         if track.bands and track.bands[-1].phase == new_phase:
             last = track.bands[-1]
             track.bands[-1] = PhaseBand(last.start, t, new_phase)

@@ -72,12 +72,13 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
     tests = yaml.safe_load((PROM / "rules_test.yml").read_text())["tests"]
     alerts = {t["alertname"] for case in tests for t in case.get("alert_rule_test", [])}
     assert "PhasescopeInferenceOnlyGPUTraining" in alerts
+    assert "PhasescopeInferenceOnlyGPUTrainingStarted" in alerts  # the onset alarm's early warning
 
 
 def test_rules_read_only_metrics_that_exist() -> None:
     known = _known_metrics()
     rules = yaml.safe_load((PROM / "rules.yml").read_text())
-    inference_alert = None
+    inference_alert = started_alert = None
     for g in rules["groups"]:
         for r in g["rules"]:
             assert _referenced(r["expr"]) <= known, (
@@ -86,8 +87,14 @@ def test_rules_read_only_metrics_that_exist() -> None:
             )
             if r.get("alert") == "PhasescopeInferenceOnlyGPUTraining":
                 inference_alert = r
+            if r.get("alert") == "PhasescopeInferenceOnlyGPUTrainingStarted":
+                started_alert = r
     assert inference_alert is not None and inference_alert["for"] == "5m"
     assert 'declared_use="inference"' in inference_alert["expr"]
+    # The early alert reads the agent's latched onset alarm directly: no `for` delay on top of it.
+    assert started_alert is not None and "for" not in started_alert
+    assert _referenced(started_alert["expr"]) == {mn.TRAINING_ALARM.name}
+    assert 'declared_use="inference"' in started_alert["expr"]
 
 
 def test_complete_prometheus_config_passes_promtool() -> None:

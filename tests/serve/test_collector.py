@@ -79,6 +79,33 @@ def test_replayed_run_scrapes_clean_and_current(shared_data: Path, model: PhaseM
     assert s["phasescope_scrape_duration_seconds"][0][1] > 0
 
 
+def test_training_alarm_gauge_follows_the_onset_alarm(shared_data: Path, model: PhaseModel) -> None:
+    # GPUs 3 and 4 of the migration run: training labelled from 91407.932 (labels.csv) on both.
+    training_from = 91407.932
+    traces = read(shared_data / MIGRATION_RUN)
+    agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="node1")
+    batches = list(ticks(traces, stop=120))
+    assert batches[15].time < training_from < batches[-1].time
+    feed(agent, iter(batches[:16]))  # before the start: the alarm is exported and off, with no start time
+    before = _samples(generate_latest(registry))
+    assert sorted(v for _, v in before["phasescope_gpu_training_alarm"]) == [0.0, 0.0]
+    assert "phasescope_gpu_training_alarm_start_time_seconds" not in before
+    feed(agent, iter(batches[16:]))
+    text = generate_latest(registry)
+    assert promtool_check(text) == ""
+    after = _samples(text)
+    assert {lab["gpu"]: v for lab, v in after["phasescope_gpu_training_alarm"]} == {"3": 1.0, "4": 1.0}
+    starts = after["phasescope_gpu_training_alarm_start_time_seconds"]
+    assert len(starts) == 2 and all(training_from <= v <= training_from + 60.0 for _, v in starts)
+    assert {lab["uuid"] for lab, _ in starts} == {t.device.uuid for t in traces}
+    # Alarm turned off: no alarm series at all (absent, not a made-up 0).
+    quiet = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model, alarm=False))
+    feed(quiet, iter(batches[:20]))
+    names = _samples(generate_latest(registry_for(quiet)))
+    assert not [n for n in names if "training_alarm" in n] and "phasescope_gpu_phase" in names
+
+
 def test_values_are_fresh_per_scrape_and_gone_devices_vanish(shared_data: Path, model: PhaseModel) -> None:
     traces = read(shared_data / MIGRATION_RUN)
     agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model))

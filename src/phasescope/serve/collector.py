@@ -45,8 +45,8 @@ _DevicePods = tuple[list[str] | None, list[tuple[str, list[str]]]]
 
 
 class PhasescopeCollector:
-    """Device signals, phase, per-phase time and energy, pod attribution, source health and this scrape's
-    own duration."""
+    """Device signals, phase, the training-started alarm, per-phase time and energy, pod attribution, source
+    health and this scrape's own duration."""
 
     def __init__(self, agent: Agent, host: str = "", resolver: ContainerResolver | None = None) -> None:
         self.agent = agent
@@ -66,6 +66,9 @@ class PhasescopeCollector:
         proba = _family(mn.PHASE_PROBABILITY, [*labels, "phase"])
         confidence = _family(mn.PHASE_CONFIDENCE, labels)
         current = _family(mn.PHASE_CURRENT, [*labels, "phase"])
+        alarm = _family(mn.TRAINING_ALARM, labels)
+        alarm_start = _family(mn.TRAINING_ALARM_START, labels)
+        alarm_on = agent.classifier.alarm_enabled  # off: no series at all, rather than a made-up 0
         seconds = _family(mn.PHASE_SECONDS, [*labels, "phase"])
         energy = _family(mn.PHASE_ENERGY, [*labels, "phase"])
         pod_info = _family(mn.GPU_POD_INFO, [*labels, *mn.POD_LABELS])
@@ -96,6 +99,10 @@ class PhasescopeCollector:
                         proba.add_metric([*key, p], v)
                 if math.isfinite(reading.confidence):
                     confidence.add_metric(key, reading.confidence)
+                if alarm_on:
+                    alarm.add_metric(key, 1.0 if reading.training_alarm else 0.0)
+                    if reading.training_alarm and reading.alarm_at is not None:
+                        alarm_start.add_metric(key, reading.alarm_at)
             for p, (joules, secs, _covered) in sorted(by_device.get(info.uuid, {}).items()):
                 seconds.add_metric([*key, p], secs)
                 energy.add_metric([*key, p], joules)
@@ -106,6 +113,7 @@ class PhasescopeCollector:
                 pod_info.add_metric([*key, *merged], 1.0)
         yield from (f for f in signals.values() if f.samples)
         yield from (proba, confidence, current, seconds, energy)
+        yield from (f for f in (alarm, alarm_start) if f.samples)
         yield from (f for f in (pod_info, process_info) if f.samples)
         yield from (f for f in host_signals.values() if f.samples)
 

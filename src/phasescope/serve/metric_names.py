@@ -84,6 +84,14 @@ PHASE_ENERGY = MetricName(
     f"{PREFIX}_gpu_phase_energy_joules_total", "counter",
     "Energy drawn in each phase since the agent started (energy counter where present, else power integral)",
 )
+TRAINING_ALARM = MetricName(
+    f"{PREFIX}_gpu_training_alarm", "gauge",
+    "1 while the training-started alarm (onset model) holds for the device, else 0",
+)
+TRAINING_ALARM_START = MetricName(
+    f"{PREFIX}_gpu_training_alarm_start_time_seconds", "gauge",
+    "Unix time (the telemetry's clock) the holding training-started alarm fired; absent while none holds",
+)
 SOURCE_UP = MetricName(
     f"{PREFIX}_source_up", "gauge", "1 while the telemetry source delivers fresh samples, else 0"
 )
