@@ -44,6 +44,27 @@ def test_window_keeps_only_recent_events(events: tuple[Path, dict[str, int]], tm
     assert stale.process == {} and stale.device == {}
 
 
+def test_each_process_gets_the_phase_its_hooks_saw(events: tuple[Path, dict[str, int]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from phasescope.live_annotate import HOOK_PHASE_RECENT_S
+
+    events_dir, pids = events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    ends = {pe.pid: float(pe.rows[:, 1].max()) + pe.wall_offset for pe in load_events(events_dir)}
+    # Just after each run's last event: the phase it was in (an MLP training, batches served).
+    for role, pid in pids.items():
+        reader = HookKpiReader(events_dir, window_s=3600, clock=lambda pid=pid: ends[pid] + 1)
+        state = LiveState("test")
+        reader.update(state)
+        assert reader.phases[pid] == role
+        assert state.process_phases()[pid] == role
+    # Long after: the hooks saw no work lately, so the process is idle, not still training.
+    late = max(ends.values()) + HOOK_PHASE_RECENT_S + 5
+    later = HookKpiReader(events_dir, window_s=3600, clock=lambda: late)
+    later.update()
+    assert later.phases == {pid: "idle" for pid in pids.values()}
+
+
 def test_chunks_are_read_once_and_junk_is_skipped(events: tuple[Path, dict[str, int]], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil

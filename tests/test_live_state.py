@@ -176,3 +176,69 @@ def test_preload_leaves_unwatched_devices_out_and_marks_the_restart_gap(traces: 
     state.ingest(TickBatch(resumed + 1.0, [gpu0.device, gpu1.device], values))
     assert len(state.history(gpu1.device.uuid, "gpu_util")) == 103
     assert len(state.history(gpu0.device.uuid, "gpu_util")) == 2  # no history, no blank either
+
+
+def test_host_row_shows_hook_phases_not_the_gpu_classifier_and_a_time_cost() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from phasescope.display import fmt_usd
+    from phasescope.kpi.cost import Prices
+    from phasescope.live_state import HOOKS_MARK, HOST_NO_PHASE
+    from phasescope.sources.host import HostSource
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        src = HostSource(find_torch=False)
+        src.watch([os.getpid(), other.pid])
+        state = LiveState("host", prices=Prices(usd_per_gpu_hour=3600.0))  # $1 a second: easy to check
+        first = src.read()
+        state.ingest(first)
+        host = first.devices[0].uuid
+        state.set_phase(host, "other", 0.97, first.time)  # the GPU model's verdict on CPU load: not shown
+        dev = state.rows()[0]
+        assert dev.cells["phase"] == MISSING and HOST_NO_PHASE in dev.cells["info"]
+        assert dev.cells["energy"] == f"{MISSING} kWh · {fmt_usd(0.0)}"  # one tick: no time held yet
+        # The hooks say what each process does; the host shows their phases, marked as exact.
+        state.set_process_phases({os.getpid(): "training", other.pid: "inference"})
+        time.sleep(0.2)
+        second = src.read()
+        state.ingest(second)
+        rows = state.rows()
+        dev, procs = rows[0], {r.key.rpartition("/")[2]: r for r in rows[1:]}
+        assert dev.cells["phase"] == "training+inference" + HOOKS_MARK
+        assert dev.phase in {"training", "inference"} and HOST_NO_PHASE not in dev.cells["info"]
+        assert procs[str(os.getpid())].cells["phase"] == "training" + HOOKS_MARK
+        assert procs[str(other.pid)].cells["phase"] == "inference" + HOOKS_MARK
+        assert procs[str(other.pid)].phase == "inference"
+        # No power sensor: energy unmeasured, cost = held time x price, under the hooks' phase.
+        span = second.time - first.time
+        assert dev.cells["energy"] == f"{MISSING} kWh · {fmt_usd(span)}"
+        phases = state.energy.meters[host].phases()
+        assert set(phases) == {"training+inference"}  # not "other": the classifier's verdict is not used
+        assert phases["training+inference"].seconds == pytest.approx(span)
+        assert f"energy {MISSING} kWh · cost" in state.status_line()
+        assert [r.key for r in state.rows(filter_text="training+inference")][:1] == [host]
+        # Energy priced only: nothing measured, so no cost at all rather than $0.
+        kwh_only = LiveState("host", prices=Prices(usd_per_kwh=0.3))
+        kwh_only.ingest(first)
+        kwh_only.ingest(second)
+        assert kwh_only.rows()[0].cells["energy"] == MISSING
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_gpu_rows_keep_the_classifier_badge_and_processes_show_their_hook_phase(traces: list[Trace]) -> None:
+    from phasescope.live_state import HOOKS_MARK
+
+    state = LiveState("test")
+    batch = next(ticks(traces[:1], 0, 1))
+    batch.processes = [_me(traces[0].device.uuid, 0.5)]
+    state.ingest(batch)
+    state.set_phase(traces[0].device.uuid, "inference", 0.8, batch.time, held=True)
+    state.set_process_phases({os.getpid(): "training"})
+    dev, proc = state.rows()
+    assert dev.cells["phase"] == "inference 80% (held)" and dev.phase == "inference"
+    assert proc.cells["phase"] == "training" + HOOKS_MARK

@@ -27,6 +27,8 @@ from phasescope.live_state import LiveState
 # KPIs summed over the processes of one device; the rest come from its busiest process.
 _SUMMED = ("samples_per_s", "requests_per_s")
 TRAINING_KEYS = ("step_time_p50_s", "samples_per_s", "mfu")
+# A process whose last hooked work (step or forward) ended longer ago than this is idle, by its hooks.
+HOOK_PHASE_RECENT_S = 10.0
 INFERENCE_KEYS = ("requests_per_s", "latency_p50_s", "latency_p99_s")
 
 
@@ -68,6 +70,8 @@ class HookKpiReader:
         self._last = -math.inf
         self.device: dict[str, dict[str, float]] = {}
         self.process: dict[int, dict[str, float]] = {}
+        # pid -> the phase its hooks saw last (training / inference / idle): exact, not a classifier's guess
+        self.phases: dict[int, str] = {}
 
     def update(self, state: LiveState | None = None) -> bool:
         """Re-read and re-summarise when due; write the KPIs into `state`. True when it ran."""
@@ -75,10 +79,11 @@ class HookKpiReader:
         if now - self._last < self.every_s:
             return False
         self._scan(now)
-        self._summarise()
+        self._summarise(now)
         self._last = self._clock()  # the next scan is `every_s` after this one ended, however long it took
         if state is not None:
             state.set_kpis(self.device, self.process)
+            state.set_process_phases(self.phases)
         return True
 
     def _scan(self, now: float) -> None:
@@ -114,15 +119,19 @@ class HookKpiReader:
             # Keep the window only (on the wall clock: the events' monotonic t plus the anchor's offset).
             proc.rows = rows[rows[:, 1] + proc.wall_offset >= now - self.window_s]
 
-    def _summarise(self) -> None:
+    def _summarise(self, now: float) -> None:
         from phasescope.instrument.analysis import summarize
 
         procs = [ev.ProcessEvents(pid, p.rows, p.wall_offset, p.meta) for pid, p in self._procs.items()
                  if p.rows.shape[0]]
         doc = summarize(procs) if procs else {"processes": []}
         process: dict[int, dict[str, float]] = {}
+        phases: dict[int, str] = {}
         by_device: dict[str, list[tuple[float, dict[str, float]]]] = {}
         for p in doc["processes"]:
+            phase = _hook_phase(p.get("segments") or [], now)
+            if phase:
+                phases[int(p["pid"])] = phase
             kpis: dict[str, float] = {}
             for side, keys in (("training", TRAINING_KEYS), ("inference", INFERENCE_KEYS)):
                 for k in keys:
@@ -144,7 +153,17 @@ class HookKpiReader:
                     else:
                         merged.setdefault(k, v)
             device[uuid] = merged
-        self.device, self.process = device, process
+        self.device, self.process, self.phases = device, process, phases
+
+
+def _hook_phase(segments: Sequence[dict[str, Any]], now: float) -> str:
+    """The phase of a process's newest hook segment (wall-clock times), "idle" when that ended over
+    HOOK_PHASE_RECENT_S ago, "" when it has none."""
+    work = [s for s in segments if s.get("phase") in ("training", "inference")]
+    if not work:
+        return ""
+    last = max(work, key=lambda s: float(s["end"]))
+    return str(last["phase"]) if now - float(last["end"]) <= HOOK_PHASE_RECENT_S else "idle"
 
 
 class ScrapeKpiReader:
@@ -271,3 +290,5 @@ class Annotator:
             if scrape.kpis:
                 device.setdefault(target, {}).update(scrape.kpis)  # the server's own figures win
         state.set_kpis(device, self.hooks.process if self.hooks is not None else {})
+        if self.hooks is not None:
+            state.set_process_phases(self.hooks.phases)

@@ -35,6 +35,7 @@ from phasescope.kpi.cost import Prices, device_cost
 from phasescope.kpi.energy import FleetEnergyMeter
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample, Trace
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.sources.host import is_host_device
 
 DEFAULT_HISTORY = 300  # ticks kept per device (5 min at 1 Hz): the live classifier's window, sparklines
 SPARK_WIDTH = 30
@@ -46,6 +47,9 @@ HELD_MEM_BYTES = 1024.0**3  # a bare GPU shows a few hundred MiB at most (driver
 IDLE_TICKS = 30
 IDLE_HELD = "IDLE·HELD"
 HELD_MARK = " (held)"  # after a phase the newest classifier run could not judge: its % is from before
+HOOKS_MARK = " (hooks)"  # a phase the process's own hooks reported: exact, not the classifier's estimate
+# The host pseudo-device has no classifier phase (the model judges GPU telemetry, not CPU load): only hooks.
+HOST_NO_PHASE = "phase: hooks only"
 UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
 
 
@@ -186,6 +190,8 @@ class LiveState:
         self._phases: dict[str, PhaseView] = {}
         self._kpis: dict[str, dict[str, float]] = {}  # device uuid -> hook KPIs (kpi/training, kpi/inference)
         self._proc_kpis: dict[int, dict[str, float]] = {}  # pid -> hook KPIs of that process
+        self._proc_phase: dict[int, str] = {}  # pid -> the phase that process's hooks report
+        self.price_note = ""  # said on every status line while set (e.g. the demo's example prices)
         self.version = 0  # bumped on every change; views redraw when it moves
         self.ticks = 0
         self._last_tick_mono = math.nan
@@ -217,7 +223,7 @@ class LiveState:
                     state.processes = []
                     self._events.append(f"{_dev_name(state.info)} lost: no data this tick")
             self._take_processes(batch.processes)
-            self.energy.update(batch, {u: v.phase for u, v in self._phases.items()})
+            self.energy.update(batch, self._metered_phases())
             self._events.extend(batch.events)
             if errors is not None:
                 self._errors = dict(errors)
@@ -296,6 +302,13 @@ class LiveState:
                 self._phases[uuid] = view
                 self.version += 1
 
+    def set_process_phases(self, phases: Mapping[int, str]) -> None:
+        """pid -> the phase its hooks report (training / inference / idle), replacing the previous set."""
+        with self._lock:
+            if dict(phases) != self._proc_phase:
+                self._proc_phase = dict(phases)
+                self.version += 1
+
     def set_kpis(self, device: dict[str, dict[str, float]], process: dict[int, dict[str, float]]) -> None:
         """Hook KPIs per device uuid and per pid (replacing the previous set). Keys as in kpi/training.py
         and kpi/inference.py: step_time_p50_s, samples_per_s, mfu, requests_per_s, latency_p50_s/p99_s."""
@@ -319,6 +332,16 @@ class LiveState:
     def phase(self, uuid: str) -> PhaseView | None:
         with self._lock:
             return self._phases.get(uuid)
+
+    def process_phases(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._proc_phase)
+
+    def host_phases(self) -> dict[str, str]:
+        """Host pseudo-device uuid -> the phase its processes' hooks report ("" when none report): the
+        label its time and cost go under, in place of the GPU classifier's."""
+        with self._lock:
+            return {u: self._hook_phase(d)[0] for u, d in self._devices.items() if is_host_device(d.info)}
 
     def idle_held(self) -> list[str]:
         """Uuids of devices held by a process (or its memory) while idle: paid for, doing nothing."""
@@ -375,13 +398,17 @@ class LiveState:
             held = [d for d in self._devices.values() if self._is_idle_held(d)]
             if held:
                 parts.append(f"{IDLE_HELD}: {', '.join(_dev_name(d.info) for d in held)}")
-            results = [r for r in self.energy.results() if r.method != "none"]
-            if results:  # only when some device gives power or energy (a host row gives neither)
-                joules = sum(r.joules for r in results)
-                each = (device_cost(r, self._price(r.device)).total_usd for r in results)
-                costs = [c for c in each if c is not None]
-                usd = f" {fmt_usd(sum(costs))}" if costs else ""
-                parts.append(f"energy {joules / 3.6e6:.3f} kWh{usd}")
+            results = self.energy.results()
+            measured = [r for r in results if r.method != "none"]  # a host row has no power or energy
+            each = (device_cost(r, self._price(r.device)).total_usd for r in results)
+            costs = [c for c in each if c is not None]
+            usd = f" {fmt_usd(sum(costs))}" if costs else ""
+            if measured:
+                parts.append(f"energy {sum(r.joules for r in measured) / 3.6e6:.3f} kWh{usd}")
+            elif costs:  # time-based cost only: say the energy is not measured rather than 0
+                parts.append(f"energy {MISSING} kWh · cost{usd}")
+            if self.price_note:
+                parts.append(self.price_note)
             if self._events:
                 parts.append(self._events[-1])
             return " · ".join(parts)
@@ -427,9 +454,9 @@ class LiveState:
         mem = float(dev.history.last()[SIGNAL_COLUMN["mem_used"]])
         if not (dev.processes or (math.isfinite(mem) and mem >= HELD_MEM_BYTES)):
             return False
-        view = self._phases.get(dev.info.uuid)
-        if view is not None and view.phase in PHASES:
-            return view.phase == "idle"
+        phase = self._shown_phase(dev)
+        if phase in PHASES:
+            return phase == "idle"
         util = dev.history.column(SIGNAL_COLUMN["gpu_util"])[-IDLE_TICKS:]
         if util.size < IDLE_TICKS or not np.isfinite(util).all():
             return False
@@ -437,9 +464,10 @@ class LiveState:
 
     def _device_sort_key(self, d: DeviceState, sort: str) -> tuple[object, ...]:
         if sort == "phase":  # training, inference, other, idle, unknown; the most confident first
-            view = self._phases.get(d.info.uuid)
-            rank = PHASES.index(view.phase) if view and view.phase in PHASES else len(PHASES)
-            conf = view.confidence if view and math.isfinite(view.confidence) else 0.0
+            phase = self._shown_phase(d)
+            view = None if is_host_device(d.info) else self._phases.get(d.info.uuid)
+            rank = PHASES.index(phase) if phase in PHASES else len(PHASES)
+            conf = view.confidence if view and math.isfinite(view.confidence) else 1.0 if phase else 0.0
             return (rank, -conf, d.order)
         return _device_sort_key(d, sort)
 
@@ -447,15 +475,56 @@ class LiveState:
         text = _device_search_text(d)
         if d is None:
             return text
-        view = self._phases.get(d.info.uuid)
-        if view is not None:
-            text += f" {view.phase}"
+        label = self._hook_phase(d)[0] if is_host_device(d.info) else ""
+        phase = label or self._shown_phase(d)
+        if phase:
+            text += f" {phase}"
         if self._is_idle_held(d):
             text += " idle-held idle·held"
         return text
 
-    def _phase_cell(self, uuid: str) -> tuple[str, str]:
-        view = self._phases.get(uuid)
+    def _hook_phase(self, dev: DeviceState) -> tuple[str, str]:
+        """(label, badge phase) from the hooks of the device's processes: working phases joined in PHASES
+        order ("training+inference"), else "idle" when all that report are idle; the badge phase is the
+        busiest (by CPU) working one. ("", "") when no process on it reports."""
+        reported = [(p, self._proc_phase[p.pid]) for p in dev.processes if p.pid in self._proc_phase]
+        if not reported:
+            return "", ""
+        work = [(p, ph) for p, ph in reported if ph != "idle"]
+        if not work:
+            return "idle", "idle"
+        rank = {ph: i for i, ph in enumerate(PHASES)}
+        names = sorted({ph for _, ph in work}, key=lambda ph: rank.get(ph, len(PHASES)))
+        cpu = {ph: 0.0 for ph in names}
+        for p, ph in work:
+            cpu[ph] += p.cpu_util if math.isfinite(p.cpu_util) else 0.0
+        busiest = max(names, key=lambda ph: cpu[ph])
+        return "+".join(names), busiest
+
+    def _shown_phase(self, dev: DeviceState) -> str:
+        """The one phase that stands for the device: the classifier's, or for the host its hooks' busiest."""
+        if is_host_device(dev.info):
+            return self._hook_phase(dev)[1]
+        view = self._phases.get(dev.info.uuid)
+        return view.phase if view is not None else ""
+
+    def _metered_phases(self) -> dict[str, str]:
+        """uuid -> the phase label its energy and time go under this tick (caller holds the lock)."""
+        out = {u: v.phase for u, v in self._phases.items()}
+        for u, d in self._devices.items():
+            if is_host_device(d.info):
+                label = self._hook_phase(d)[0]
+                if label:
+                    out[u] = label
+                else:
+                    out.pop(u, None)  # "unknown": the classifier's verdict on CPU load means nothing
+        return out
+
+    def _phase_cell(self, dev: DeviceState) -> tuple[str, str]:
+        if is_host_device(dev.info):
+            label, badge = self._hook_phase(dev)
+            return (label + HOOKS_MARK, badge) if label else (MISSING, "")
+        view = self._phases.get(dev.info.uuid)
         if view is None:
             return MISSING, ""
         conf = f" {view.confidence * 100:.0f}%" if math.isfinite(view.confidence) else ""
@@ -463,11 +532,13 @@ class LiveState:
 
     def _energy_cell(self, uuid: str) -> str:
         meter = self.energy.meters.get(uuid)
-        if meter is None or meter.method == "none":
+        if meter is None:
             return MISSING
         cost = device_cost(meter.result(uuid), self._price(uuid)).total_usd
-        text = f"{meter.joules / 3.6e6:.3f} kWh"
-        return text + (f" · {fmt_usd(cost)}" if cost is not None else "")
+        usd = f" · {fmt_usd(cost)}" if cost is not None else ""
+        if meter.method == "none":  # no power sensor: the time-based cost alone, energy said unmeasured
+            return f"{MISSING} kWh{usd}" if usd else MISSING
+        return f"{meter.joules / 3.6e6:.3f} kWh{usd}"
 
     def _device_row(self, dev: DeviceState | None) -> Row:
         cells = dict.fromkeys(COLUMN_KEYS, MISSING)
@@ -494,8 +565,12 @@ class LiveState:
         power_hi = limit if math.isfinite(limit) else None  # else: scale to the peak in the history
         power_hist = dev.history.column(SIGNAL_COLUMN["power"])
         cells["spark_power"] = sparkline(power_hist, SPARK_WIDTH, 0.0, power_hi)
-        cells["phase"], phase = self._phase_cell(dev.info.uuid)
-        cells["kpi"] = kpi_text(self._kpis.get(dev.info.uuid), phase)
+        cells["phase"], phase = self._phase_cell(dev)
+        # Which side of the KPIs to show: the hooks' phase; on a host with none, the annotator's phase only
+        # picks the side (never shown as the host's phase).
+        view = self._phases.get(dev.info.uuid)
+        side = phase or (view.phase if view is not None else "")
+        cells["kpi"] = kpi_text(self._kpis.get(dev.info.uuid), side)
         cells["energy"] = self._energy_cell(dev.info.uuid)
         idle_held = self._is_idle_held(dev)
         notes = [IDLE_HELD] if idle_held else []
@@ -505,6 +580,8 @@ class LiveState:
             notes.append("NO DATA")  # e.g. NVML marked it lost: the source keeps the row, all NaN
         if dev.info.parent_uuid:
             notes.append("MIG")
+        if is_host_device(dev.info) and cells["phase"] == MISSING:
+            notes.append(HOST_NO_PHASE)
         if dev.processes:
             notes.append(f"{len(dev.processes)} proc")
         cells["info"] = " · ".join(notes)
@@ -530,11 +607,14 @@ class LiveState:
         if role:
             notes.append(role)
         cells["info"] = " · ".join(notes)
+        hook_phase = self._proc_phase.get(p.pid, "")
+        if hook_phase:
+            cells["phase"] = hook_phase + HOOKS_MARK
         kpis = self._proc_kpis.get(p.pid)
         if kpis:
             view = self._phases.get(uuid)
-            cells["kpi"] = kpi_text(kpis, view.phase if view else "")
-        return Row("process", f"{uuid}/{p.pid}", uuid, cells)
+            cells["kpi"] = kpi_text(kpis, hook_phase or (view.phase if view else ""))
+        return Row("process", f"{uuid}/{p.pid}", uuid, cells, hook_phase)
 
 
 def kpi_text(kpis: Mapping[str, float] | None, phase: str) -> str:

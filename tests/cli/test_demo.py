@@ -3,6 +3,8 @@ the dashboard it serves from the same samples as its table."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import re
@@ -11,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -28,8 +31,18 @@ STARTED = re.compile(r"demo: started training pid (\d+), inference pid (\d+)")
 DASHBOARD = re.compile(r"demo: dashboard at (http://127\.0\.0\.1:\d+/)")
 
 
+@functools.cache
+def _empty_config() -> Path:
+    """A config file that sets nothing, so the demo's prices are its labelled example, whatever this
+    machine's own config file says."""
+    root = Path(tempfile.mkdtemp(prefix="phasescope-demo-config-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    (root / "config.toml").write_text("")
+    return root / "config.toml"
+
+
 def _start_demo(duration: float, *web: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="260")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="340", PHASESCOPE_CONFIG=str(_empty_config()))
     return subprocess.Popen(
         [sys.executable, "-m", "phasescope", "demo", "--plain", "--source", "host",
          "--duration", str(duration), "--interval", "0.5", *(web or ("--no-web",))],
@@ -83,6 +96,24 @@ def test_demo_runs_two_real_workloads_and_leaves_none(tmp_path: Path) -> None:
     assert cpu and int(cpu.group(1)) > 20, rows[train][-1]  # an endless training loop keeps a core busy
     assert f"demo: stopped {train}, {infer}" in out
     assert _wait_gone((train, infer), 0.5) == []
+    # The host row never shows the GPU classifier's verdict on CPU load: only the hooks' phases, or "–".
+    host_rows = [ln for ln in out.splitlines() if ln.startswith("│ ") and "└" not in ln]
+    assert host_rows, out[-3000:]
+    for ln in host_rows:
+        phase, energy = _cell(ln, 1), _cell(ln, 6)
+        assert phase == "–" or "(hooks" in phase, ln
+        assert "%" not in phase, ln  # no classifier confidence
+        assert energy.startswith("– kWh · $"), ln  # no power sensor: device time at the demo price
+    assert "demo prices: $2.50/device-hour" in out
+    # A workload row with its hook KPIs also has the phase its hooks report, marked as such.
+    for pid, kpi, phase in ((train, "samp/s", "training (hooks)"), (infer, "req/s", "inference (hooks)")):
+        reported = [ln for ln in rows[pid] if kpi in _cell(ln, 2)]
+        assert all(_cell(ln, 1) == phase for ln in reported), reported[-1:]
+
+
+def _cell(line: str, column: int) -> str:
+    """One cell of a plain-table row (columns as in live_state.COLUMNS)."""
+    return line.split("│")[column + 1].strip()
 
 
 def test_sigterm_to_the_demo_stops_its_children() -> None:
@@ -196,10 +227,18 @@ def test_demo_serves_the_dashboard_from_the_same_samples() -> None:
         assert by_pid[pids[0]]["kpis"]["samples_per_s"] > 0 and by_pid[pids[0]]["kpis"]["step_time_p50_s"] > 0
         assert by_pid[pids[1]]["kpis"]["requests_per_s"] > 0 and by_pid[pids[1]]["kpis"]["latency_p99_s"] > 0
         assert dev["kpis"]  # the device's phase KPIs, from the same hooks
-        assert dev["phase"]["phase"] in {*state["phases"], "unknown"}
+        # The host's phase is what its workloads' hooks report, not the classifier's read of CPU load.
+        assert dev["phase"]["source"] == "hooks" and dev["phase"]["confidence"] is None, dev["phase"]
+        assert set(dev["phase"]["phase"].split("+")) <= {"training", "inference"}
+        assert {p: by_pid[p]["phase"] for p in by_pid} == {pids[0]: "training", pids[1]: "inference"}
+        assert "other" not in dev["energy"]["phases"]
+        assert "demo prices: $2.50/device-hour" in state["status"]
         assert dev["processes"] >= 2
         for label, e in dev["energy"]["phases"].items():  # the host has no power reading: time, no joules
             assert e["seconds"] > 0 and set(e["cost"]) >= {"time_usd", "energy_usd", "total_usd"}, label
+            # ... so its cost is device time at the demo's example price, and no energy cost (not $0)
+            assert e["cost"]["time_usd"] == pytest.approx(e["seconds"] / 3600 * 2.5, rel=1e-3, abs=1e-6)
+            assert e["cost"]["energy_usd"] is None
         assert dev["energy"]["method"] == "none" and state["totals"]
         # Pushed as it changes: two stream events, the second a later tick of the same sampler.
         first, second = _stream_events(url + "api/stream", 2)
@@ -241,8 +280,14 @@ def test_demo_page_in_chromium_shows_phase_kpis_and_energy(tmp_path: Path) -> No
                 f" && /req\\/s/.test(document.querySelector('{kpis}')?.textContent || '')", timeout=30_000)
             text = page.locator(kpis).inner_text()
             assert f"demo training {pids[0]}" in text and f"demo inference {pids[1]}" in text
-            assert page.locator('[data-testid="phase-badge"]').text_content()  # a phase (the host: unknown)
+            page.wait_for_function("() => document.querySelector('section.device .conf')?.textContent"
+                                   " === 'from hooks (exact)'", timeout=20_000)
+            badge = page.locator('[data-testid="phase-badge"]').text_content() or ""
+            assert set(badge.split("+")) <= {"training", "inference"}, badge  # the hooks' phase(s)
             assert page.locator("section.device .energy tbody tr").count() >= 1  # time per phase so far
+            energy_table = page.locator("section.device .energy").inner_text()
+            assert "– kWh" in energy_table and "$" in energy_table, energy_table
+            assert "demo prices" in page.locator("#pricing").inner_text()
             assert page.locator("#totals tbody tr").count() >= 1
             start = int(page.evaluate("() => document.body.dataset.updates"))
             page.wait_for_function(f"() => Number(document.body.dataset.updates) > {start}", timeout=10_000)

@@ -137,3 +137,22 @@ def test_measured_cost_per_query_feeds_the_crossover(shared_data: Path) -> None:
     assert phase_only.total_usd is not None and phase_only.total_usd < by_hand
     with pytest.raises(ValueError, match="requests"):
         cost_per_query(results, 0, BOTH)
+
+
+def test_no_energy_reading_costs_device_time_only_never_zero_energy() -> None:
+    from phasescope.kpi.energy import EnergyMeter
+
+    meter = EnergyMeter(interval_s=1.0)  # a host: ticks with no power and no energy counter
+    for t, phase in ((0.0, "training"), (1.0, "training"), (2.0, "inference"), (3.0, "inference")):
+        meter.update(t, math.nan, math.nan, phase)
+    result = meter.result("host")
+    assert result.method == "none"
+    cost = device_cost(result, BOTH)
+    assert cost.time_usd == pytest.approx(3.0 / 3600 * 2.5)
+    assert cost.energy_usd is None  # unmeasured, not $0 of energy
+    by_phase = phase_costs([result], BOTH)
+    assert {k: c.time_usd for k, c in by_phase.items()} == {
+        "training": pytest.approx(1.0 / 3600 * 2.5), "inference": pytest.approx(2.0 / 3600 * 2.5)}
+    assert all(c.energy_usd is None for c in by_phase.values())
+    assert cost_of(3600.0, 0.0, BOTH, measured=False).to_dict() == {
+        "time_usd": 2.5, "energy_usd": None, "total_usd": 2.5}

@@ -77,7 +77,8 @@ def test_state_and_history_json(agent: Agent) -> None:
     assert [d["index"] for d in state["devices"]] == [3, 4]
     assert state["ticks"] == 90
     gpu4 = state["devices"][1]
-    assert gpu4["phase"]["phase"] == "training"
+    assert gpu4["phase"]["phase"] == "training" and gpu4["phase"]["source"] == "classifier"
+    assert gpu4["host_device"] is False
     phases = gpu4["energy"]["phases"]
     assert {"idle", "training"} <= set(phases)
     for e in phases.values():  # priced by GPU-hour and kWh: cost = time part + energy part
@@ -306,3 +307,37 @@ def test_load_history_without_a_store_or_with_nothing_recent(shared_data: Path, 
         assert b.load_history(say=said.append) == 0
     assert said == [f"history: {path}: nothing from the last 10 min for the watched devices"]
     assert b.state.device_uuids() == [] and b.classifier.reading(traces[0].device.uuid) is None
+
+
+def test_the_host_gets_its_hooks_phase_and_a_time_cost_not_the_gpu_classifier() -> None:
+    import os
+
+    from phasescope.sources.host import HostSource
+
+    src = HostSource(find_torch=False)
+    src.watch([os.getpid()])  # this test process: real CPU readings as a workload's sub-row
+    a = Agent(src, 0.1, classifier=LiveClassifier(PhaseModel.load()),
+              prices=PriceConfig(usd_per_gpu_hour=3600.0, usd_per_kwh=0.12))  # $1 a second of device time
+    try:
+        a.on_tick(src.read())
+        host = a.state.device_uuids()[0]
+        first = a.snapshot()["devices"][0]
+        assert first["host_device"] is True and first["phase"] is None  # no hooks yet: no phase at all
+        a.state.set_process_phases({os.getpid(): "training"})
+        for _ in range(3):
+            time.sleep(0.05)
+            a.on_tick(src.read())
+        state = TestClient(build_app(a)).get("/api/state").json()
+        dev = state["devices"][0]
+        assert dev["phase"] == {"phase": "training", "confidence": None, "proba": {}, "since": None,
+                                "t": None, "held": False, "source": "hooks"}
+        assert dev["energy"]["method"] == "none"
+        training = dev["energy"]["phases"]["training"]
+        assert "other" not in dev["energy"]["phases"]  # the classifier's verdict on CPU load is not metered
+        assert training["seconds"] > 0 and training["joules"] == 0
+        # No power sensor: cost = device time x price; the energy part is unknown, not $0.
+        assert training["cost"]["time_usd"] == pytest.approx(training["seconds"], abs=1e-3)  # rounded s
+        assert training["cost"]["energy_usd"] is None
+        assert a.history()[host]["bands"] == []  # no classifier bands over CPU load either
+    finally:
+        src.close()

@@ -19,11 +19,24 @@ from phasescope.errors import SourceError
 
 if TYPE_CHECKING:
     from phasescope.cli.serve import BackgroundServer
-    from phasescope.config import Config
+    from phasescope.config import PriceConfig
     from phasescope.serve.agent import Agent
 
 WEB_HOST = "127.0.0.1"  # the demo has no token option: its page stays on this machine
 WEB_MODULES = ("starlette", "uvicorn", "plotly", "prometheus_client")  # the web extra
+# With no [prices] in the config file, the demo prices device time at this example rate, and says so on
+# every status line and on the page, so its cost column shows what pricing does without passing for a bill.
+DEMO_USD_PER_DEVICE_HOUR = 2.50
+DEMO_PRICE_NOTE = f"demo prices: ${DEMO_USD_PER_DEVICE_HOUR:.2f}/device-hour, from `phasescope demo --help`"
+
+
+def demo_prices(prices: PriceConfig) -> tuple[PriceConfig, str]:
+    """The config's prices when it sets any; else the example price, with the note that labels it."""
+    from phasescope.config import PriceConfig
+
+    if prices.usd_per_gpu_hour is not None or prices.usd_per_kwh is not None or prices.gpu:
+        return prices, ""
+    return PriceConfig(usd_per_gpu_hour=DEMO_USD_PER_DEVICE_HOUR), DEMO_PRICE_NOTE
 
 
 def _exit_on_sigterm() -> None:
@@ -50,11 +63,14 @@ def _listen(port: int | None, default_port: int, say: list[str]) -> socket.socke
         return bind(WEB_HOST, 0)
 
 
-def _dashboard(agent: Agent, cfg: Config, sock: socket.socket, quiet: bool) -> BackgroundServer:
+def _dashboard(agent: Agent, prices: PriceConfig, price_note: str, sock: socket.socket,
+               quiet: bool) -> BackgroundServer:
     from phasescope.cli.serve import BackgroundServer, pricing_note
     from phasescope.serve.app import build_app
 
-    app = build_app(agent, pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh))
+    note = price_note + " (an example, not your price: set [prices] in the config file)" if price_note else (
+        pricing_note(prices.usd_per_gpu_hour, prices.usd_per_kwh))
+    app = build_app(agent, pricing_note=note)
     server = BackgroundServer(app, sock, log_level="critical" if quiet else "warning")
     server.start()
     return server
@@ -91,6 +107,10 @@ def command(
     the installed PyTorch can use one (else on the CPU). One sampler feeds both the terminal view and
     the dashboard (http://127.0.0.1:9464/ by default; its URL is printed, and kept in the full-screen header).
     Everything stops when the demo ends.
+
+    Cost: from the config file's [prices]; when it sets none, device time is priced at an example
+    $2.50/device-hour, labelled "demo prices" wherever it shows. A host has no power sensor, so its
+    energy shows as "– kWh" and its cost is device time only, split by the phase its workloads' hooks report.
 
     \b
     Examples:
@@ -129,14 +149,16 @@ def command(
             watch(roles)
         hooks = HookKpiReader(children.events_dir, consume=True) if children.events_dir else None
         # One agent samples for both views: the terminal reads its state, the page its snapshots.
-        agent = Agent(source, interval, classifier=LiveClassifier(), prices=cfg.prices,
+        prices, price_note = demo_prices(cfg.prices)
+        agent = Agent(source, interval, classifier=LiveClassifier(), prices=prices,
                       idle_util=cfg.thresholds.idle_util, gap_factor=cfg.thresholds.energy_gap_factor,
                       hooks=hooks)
         agent.state.process_labels.update(roles)
+        agent.state.price_note = price_note
         # Parse the model's boosters beside the first ticks rather than before them (seconds).
         threading.Thread(target=agent.classifier.warm_up, name="phasescope-warm-up", daemon=True).start()
         if sock is not None:
-            server = _dashboard(agent, cfg, sock, quiet=not plain)
+            server = _dashboard(agent, prices, price_note, sock, quiet=not plain)
             notices.append(f"dashboard: {server.url}")
         for line in notices:
             agent.state.note(line)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from phasescope.live_annotate import ScrapeKpiReader
 
 ONCE_TICKS = 2  # per-process CPU % needs two readings
-PLAIN_WIDTH = 300  # columns when stdout is a file or pipe: one line per row, nothing cut
+PLAIN_WIDTH = 340  # columns when stdout is a file or pipe: one line per row, nothing cut
 
 
 def plain_console_width() -> int:

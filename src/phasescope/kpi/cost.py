@@ -73,20 +73,23 @@ def _add(a: float | None, b: float | None) -> float | None:
     return a if b is None else a + b
 
 
-def cost_of(device_seconds: float, joules: float, prices: Prices) -> Cost:
-    """Cost of `device_seconds` of held device time that drew `joules`."""
+def cost_of(device_seconds: float, joules: float, prices: Prices, measured: bool = True) -> Cost:
+    """Cost of `device_seconds` of held device time that drew `joules`. `measured=False`: the device has no
+    power or energy reading (energy method "none"), so its energy cost is unknown (None), not $0."""
     time_usd = (
         None
         if prices.usd_per_gpu_hour is None
         else device_seconds / SECONDS_PER_HOUR * prices.usd_per_gpu_hour
     )
-    energy_usd = None if prices.usd_per_kwh is None else joules / J_PER_KWH * prices.usd_per_kwh
+    energy_usd = (
+        None if prices.usd_per_kwh is None or not measured else joules / J_PER_KWH * prices.usd_per_kwh
+    )
     return Cost(time_usd, energy_usd)
 
 
 def device_cost(result: DeviceEnergy, prices: Prices) -> Cost:
-    """Whole-trace cost of one device: its span as held time, its measured energy."""
-    return cost_of(result.span_s, result.joules, prices)
+    """Whole-trace cost of one device: its span as held time, its measured energy (unknown without any)."""
+    return cost_of(result.span_s, result.joules, prices, measured=result.method != "none")
 
 
 def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, Prices]) -> dict[str, Cost]:
@@ -98,7 +101,7 @@ def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, P
     for r in results:
         p = prices if isinstance(prices, Prices) else prices[r.device]
         for label, pe in r.phases_or_whole().items():
-            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p)
+            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p, r.method != "none")
     return out
 
 

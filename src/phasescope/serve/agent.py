@@ -26,6 +26,7 @@ from phasescope.live_state import LiveState, Row
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.sources.host import is_host_device
 from phasescope.store import Store
 
 # Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).
@@ -171,7 +172,12 @@ class Agent:
             except Exception as exc:  # keep the telemetry coming; say once why the phase stopped updating
                 self._annotate = None
                 self.state.note(f"phase/KPI updates stopped: {type(exc).__name__}: {exc}")
-        phases = self.classifier.phases()
+        phases = dict(self.classifier.phases())
+        for uuid, label in self.state.host_phases().items():  # the host: its hooks' phase, or unknown
+            if label:
+                phases[uuid] = label
+            else:
+                phases.pop(uuid, None)
         with self._lock:
             self.energy.update(batch, phases)
         self._last_tick_mono = time.monotonic()
@@ -190,7 +196,10 @@ class Agent:
         for uuid in self.state.device_uuids():
             lost = self.state.is_lost(uuid)
             latest = np.full(len(SIGNAL_NAMES), np.nan) if lost else self.state.latest(uuid)
-            out.append((self.state.device_info(uuid), latest, self.classifier.reading(uuid), lost))
+            info = self.state.device_info(uuid)
+            # The classifier judges GPU telemetry: its verdict on the host's CPU load is not shown.
+            reading = None if is_host_device(info) else self.classifier.reading(uuid)
+            out.append((info, latest, reading, lost))
         return out
 
     def energy_by_device(self) -> dict[str, dict[str, tuple[float, float, float]]]:
@@ -214,13 +223,15 @@ class Agent:
         idle_held = self.state.idle_held()
         kpis = dict(self.hooks.device) if self.hooks is not None else {}
         proc_kpis = self._process_kpis(rows)
+        host_phases = self.state.host_phases()
         devices = []
         totals: dict[str, dict[str, float]] = {}
         for info, latest, reading, lost in self.devices():
             prices = self.prices.for_device(info.name)
+            measured = methods.get(info.uuid, "none") != "none"
             phases = {}
             for label, (joules, seconds, covered) in sorted(energy.get(info.uuid, {}).items()):
-                cost = cost_of(seconds, joules, prices)
+                cost = cost_of(seconds, joules, prices, measured)
                 phases[label] = {
                     "joules": _num(joules, 3), "kwh": _num(joules / 3.6e6), "seconds": _num(seconds, 3),
                     "covered_s": _num(covered, 3), "cost": cost.to_dict(),
@@ -232,7 +243,8 @@ class Agent:
             values = {s: _num(float(latest[SIGNAL_COLUMN[s]])) for s in SIGNAL_NAMES}
             devices.append({
                 "uuid": info.uuid, "index": info.index, "name": info.name, "host": info.host, "lost": lost,
-                "phase": reading.to_dict() if reading else None,
+                "host_device": is_host_device(info),
+                "phase": self._phase_doc(info, reading, host_phases),
                 "latest": {k: v for k, v in values.items() if v is not None},
                 "processes": procs[info.uuid],
                 "idle_held": info.uuid in idle_held,
@@ -258,9 +270,23 @@ class Agent:
             "totals": {k: {kk: _num(vv, 4) for kk, vv in v.items()} for k, v in sorted(totals.items())},
         }
 
+    def _phase_doc(
+        self, info: DeviceInfo, reading: PhaseReading | None, host_phases: dict[str, str]
+    ) -> dict[str, Any] | None:
+        """The classifier's reading for a GPU; for the host, the phase its processes' hooks report (exact:
+        no confidence), or None with a note when none report."""
+        if not is_host_device(info):
+            return dict(reading.to_dict(), source="classifier") if reading else None
+        label = host_phases.get(info.uuid, "")
+        if not label:
+            return None
+        return {"phase": label, "confidence": None, "proba": {}, "since": None, "t": None, "held": False,
+                "source": "hooks"}
+
     def _process_kpis(self, rows: list[Row]) -> dict[str, list[dict[str, Any]]]:
         """uuid -> [{pid, label, kpis}] for the processes a hooked run reports on (e.g. the demo's two)."""
         by_pid = dict(self.hooks.process) if self.hooks is not None else {}
+        hook_phase = self.state.process_phases()
         out: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             pid_text = r.key.rpartition("/")[2]
@@ -268,7 +294,7 @@ class Agent:
                 continue
             pid = int(pid_text)
             out.setdefault(r.device_uuid, []).append({
-                "pid": pid, "label": self.state.process_labels.get(pid, ""),
+                "pid": pid, "label": self.state.process_labels.get(pid, ""), "phase": hook_phase.get(pid),
                 "kpis": {k: _num(v) for k, v in by_pid[pid].items()},
             })
         return out
@@ -283,7 +309,8 @@ class Agent:
             for s in CHART_SIGNALS:
                 series[s] = _series(self.state.history(uuid, s)[keep], 4)
             lo = float(times[0]) if times.size else math.inf
-            series["bands"] = [  # every band in the kept history: few, and the last one grows
+            host = is_host_device(self.state.device_info(uuid))  # no classifier bands on CPU load
+            series["bands"] = [] if host else [  # every band in the kept history: few, the last one grows
                 [round(b.start, 3), round(b.end, 3), b.phase] for b in self.classifier.bands(uuid, since=lo)
             ]
             out[uuid] = series

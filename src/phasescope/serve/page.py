@@ -96,6 +96,8 @@ function phaseKpis(k, who) {
   const head = who ? `<span class="who">${esc(who)}</span>` : "";
   return `<span data-kpis="${esc(who || "device")}">${head} ` + parts.map(([n, v]) => `${n} <b>${v}</b>`).join(" · ") + "</span>";
 }
+// A hooks label such as "training+inference" takes its first phase's colour.
+function colour(p) { return COLOURS[p] || COLOURS[String(p).split("+")[0]] || "#999"; }
 function esc(s) { return String(s).replace(/[&<>"]/g, ch => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[ch])); }
 
 function card(dev) {
@@ -126,8 +128,12 @@ function drawDevice(dev, now) {
   const ph = dev.phase ? dev.phase.phase : "unknown";
   c.badge.textContent = ph;
   c.badge.dataset.phase = ph;
-  c.badge.style.background = COLOURS[ph];
-  c.conf.textContent = dev.phase && dev.phase.confidence !== null ? "confidence " + dev.phase.confidence.toFixed(2) : "";
+  c.badge.style.background = colour(ph);
+  // Hooks report the phase exactly (no confidence); the classifier's may be held from an older window.
+  const held = dev.phase && dev.phase.held ? " (held)" : "";
+  c.conf.textContent = !dev.phase ? (dev.host_device ? "no phase: hooks only (the classifier reads GPUs)" : "")
+    : dev.phase.source === "hooks" ? "from hooks (exact)"
+    : (dev.phase.confidence !== null ? "confidence " + dev.phase.confidence.toFixed(2) : "") + held;
   c.since.textContent = dev.phase && dev.phase.since !== null && now !== null ? "for " + dur(now - dev.phase.since) : "";
   c.held.textContent = dev.lost ? "NO DATA" : (dev.idle_held ? "idle but held" : "");
   const v = dev.latest;
@@ -143,14 +149,17 @@ function drawDevice(dev, now) {
   c.kpis.innerHTML = kpis.map(([k, x]) => `<span>${k} <b>${x}</b></span>`).join("");
   // The phase's own KPIs (hooks or a serving engine's /metrics): the device's, then each reporting process.
   const hook = [phaseKpis(dev.kpis, "")];
-  for (const p of dev.process_kpis || []) hook.push(phaseKpis(p.kpis, (p.label || "pid") + " " + p.pid));
+  for (const p of dev.process_kpis || []) {
+    hook.push(phaseKpis(p.kpis, (p.label || "pid") + " " + p.pid + (p.phase ? " · " + p.phase + " (hooks)" : "")));
+  }
   c.hook.innerHTML = hook.filter(x => x).join("");
   const metered = dev.energy.method !== "none";  // e.g. a host: time per phase, but no power to integrate
   const rows = Object.entries(dev.energy.phases).map(([p, e]) =>
-    `<tr><td><span class="badge" style="background:${COLOURS[p] || "#999"}">${esc(p)}</span></td>` +
-    `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "–"}</td><td>${usd(e.cost)}</td></tr>`);
+    `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
+    `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "– kWh"}</td><td>${usd(e.cost)}</td></tr>`);
   c.energy.innerHTML = rows.join("") || "<tr><td colspan=4 class=muted>no energy yet</td></tr>";
-  c.method.textContent = "energy from " + dev.energy.method.replace("_", " ");
+  c.method.textContent = metered ? "energy from " + dev.energy.method.replace("_", " ")
+    : "energy unmeasured (no power reading)" + (dev.priced ? "; cost from device time" : "");
 }
 
 function merge(uuid, h) {
@@ -190,8 +199,8 @@ function drawTotals(s) {
   const body = document.querySelector("#totals tbody");
   const metered = s.devices.some(d => d.energy.method !== "none");
   body.innerHTML = Object.entries(s.totals).map(([p, t]) =>
-    `<tr><td><span class="badge" style="background:${COLOURS[p] || "#999"}">${esc(p)}</span></td>` +
-    `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "–"}</td><td>${s.devices.some(d => d.priced) ? "$" + t.usd.toFixed(4) : "not priced"}</td></tr>`
+    `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
+    `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "– kWh"}</td><td>${s.devices.some(d => d.priced) ? "$" + t.usd.toFixed(4) : "not priced"}</td></tr>`
   ).join("") || "<tr><td colspan=4 class=muted>no samples yet</td></tr>";
   document.getElementById("pricing").textContent = CONFIG.pricing;
   const held = s.devices.filter(d => d.idle_held);
