@@ -8,7 +8,8 @@ calls, so only the root pays for hooks). `--compare-with FILE` adds another vers
 phasescope/instrument/hooks.py as a fifth mode, e.g. the committed one
 (`git show HEAD:src/phasescope/instrument/hooks.py > /tmp/old_hooks.py`), so a change is measured paired, in
 the same conditions. Each repetition runs one block of calls per mode, in a shuffled order (interleaved, so
-drift and neighbours hit every mode alike).
+drift and neighbours hit every mode alike); each block starts with one untimed call (after install(), the
+hooks' first call hooks the root again, a cost a real run pays once).
 Time is this thread's CPU time (`time.thread_time`): torch runs single-threaded here, so the figure is the
 work done, not the time other processes on a shared machine took the core away. Per mode we report the median
 block (mean time per call); the overhead is the median over repetitions of the paired ratio to plain, and,
@@ -17,8 +18,13 @@ script also prints a model of the overhead: the hooks' cost per module call (roo
 nn.Identity over many calls) times the module calls each workload makes, over its plain time.
 The hooks' one-off FLOP and memory sample is taken during warm-up, as it would be early in a real run.
 
+A mode that could not hook a root (its hook dicts were left by another version) is named in a warning.
+`--floors REPS` instead times the inference call with phasescope's hooks against root mode's bare structure
+(the same three hooks doing nothing, then appending the two event rows), to split the cost between torch's
+dispatch of the hooks and the hooks' own work.
+
     .venv/bin/python benchmarks/bench_hooks.py [--reps 15] [--block 20] [--fine-reps 400]
-        [--compare-with FILE]
+        [--compare-with FILE] [--floors REPS]
 """
 
 from __future__ import annotations
@@ -81,6 +87,9 @@ def inference_call() -> Callable[[], None]:
 
 
 def block(fn: Callable[[], None], n: int) -> float:
+    # One untimed call first, in every mode: the hooks' first call after install() re-hooks the root (~30 us),
+    # a cost a real run pays once, not once per block.
+    fn()
     t = time.thread_time()
     for _ in range(n):
         fn()
@@ -221,10 +230,13 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder,
             try:
                 return block(fn, n)
             finally:
+                if False in getattr(r, "_hooked", ()):  # a root followed by the global hooks (slower)
+                    unhooked.add(mode)
                 r.uninstall()
         with profile(activities=[ProfilerActivity.CPU]):
             return block(fn, n)  # the profiler's trace processing at exit is not counted
 
+    unhooked: set[str] = set()
     rng = random.Random(0)
     for _ in range(reps):
         modes = list(times)
@@ -255,6 +267,8 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder,
               f"overhead {100 * (ratio_other - 1):+.2f}% (fastest blocks "
               f"{100 * (best['compared hooks'] / best['plain'] - 1):+.2f}%); phasescope / compared, paired: "
               f"{100 * (ratio_pair - 1):+.2f}%")
+    for mode in sorted(unhooked):  # e.g. hooks that cannot hook a root another version left its dicts on
+        print(f"  warning: {mode} followed a root with the global hooks, not its own: not like for like")
     if fine_figures:
         print(fine_figures)
     calls = module_calls(fn)
@@ -267,6 +281,88 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder,
           f"per outermost, {torch_nested_s * 1e6:.2f} us per nested call -> {100 * floor:.2f}%")
     return {"plain": med["plain"], "hooks": ratio_hooks, "profiler": ratio_prof, "noop": ratio_noop,
             "model": model}
+
+
+def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None) -> Callable[[], None]:
+    """Root mode's structure with hooks that do (almost) nothing: a global pre hook that leaves torch's dict
+    during the root call, the root's own pre hook and its own always-called forward hook (3 Python frames per
+    root call). With `rows`, each of the root's hooks also appends one event row, as phasescope's do."""
+    gdict = torch.nn.modules.module._global_forward_pre_hooks
+    now = time.monotonic
+
+    def finder(m: nn.Module, a: object) -> None:
+        gdict.pop(gid, None)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(finder)
+    gid = handle.id
+    hook = gdict[gid]
+
+    def pre(m: nn.Module, a: object) -> None:
+        if rows is not None:
+            rows.append((1.0, now(), 0, 1, 0.0, 0.0, 0.0))
+
+    def post(m: nn.Module, a: object, k: object, o: object = None) -> None:
+        if rows is not None:
+            rows.append((2.0, now(), 0, 1, 96, 0, 3))
+        gdict[gid] = hook
+
+    own = [model.register_forward_pre_hook(pre),
+           model.register_forward_hook(post, with_kwargs=True, always_call=True)]
+
+    def remove() -> None:
+        for h in own:
+            h.remove()
+        gdict.pop(gid, None)
+
+    return remove
+
+
+def floors(reps: int, rng: random.Random) -> None:
+    """Inference call only: phasescope's hooks against root mode's bare structure, paired, in one run."""
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10)).eval()
+    x = torch.randn(96, 256)
+
+    def call() -> None:
+        with torch.inference_mode():
+            model(x)
+
+    rec = Recorder(None, flush_s=0)
+    rec.install()
+    for _ in range(4):
+        call()
+    rec.uninstall()
+    rows: list[tuple[float, ...]] = []
+
+    def hooks() -> Callable[[], None]:
+        rec.install()
+        return rec.uninstall
+
+    setups: dict[str, Callable[[], Callable[[], None]]] = {
+        "plain": lambda: lambda: None,
+        "phasescope": hooks,
+        "3 no-op frames": lambda: _noop_root_mode(model, None),
+        "3 no-op frames + 2 rows": lambda: _noop_root_mode(model, rows),
+    }
+    times: dict[str, list[float]] = {m: [] for m in setups}
+    for _ in range(reps):
+        modes = list(times)
+        rng.shuffle(modes)
+        for mode in modes:
+            undo = setups[mode]()
+            try:
+                times[mode].append(block(call, 20))
+            finally:
+                undo()
+    plain = times["plain"]
+    print(f"floors, inference call ({reps} repetitions of 20-call blocks, paired median +- standard error):")
+    for mode in list(times)[1:]:
+        r = sorted(a / b for a, b in zip(times[mode], plain, strict=True))
+        q1, q3 = r[len(r) // 4], r[(3 * len(r)) // 4]
+        se = 1.2533 * (q3 - q1) / 1.349 / len(r) ** 0.5
+        extra = (statistics.median(r) - 1) * statistics.median(plain)
+        print(f"  {mode}: {100 * (statistics.median(r) - 1):+.2f}% +- {100 * se:.2f}% "
+              f"({extra * 1e6:.1f} us per call)")
 
 
 def _load_recorder(path: Path) -> Any:
@@ -288,7 +384,14 @@ def main() -> None:
                     help="another version of phasescope/instrument/hooks.py, timed as a fifth mode")
     ap.add_argument("--fine-reps", type=int, default=400,
                     help="repetitions of short (1/10) blocks for the paired fine figures (0: none)")
+    ap.add_argument("--floors", type=int, default=0, metavar="REPS",
+                    help="only time the inference call against root mode's bare hook structure (REPS blocks)")
     args = ap.parse_args()
+    if args.floors:
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        floors(args.floors, random.Random(0))
+        return
     other_cls = _load_recorder(args.compare_with) if args.compare_with else None
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from copy import deepcopy
 from time import monotonic
 from typing import Any
@@ -317,6 +318,31 @@ def test_module_calling_itself_is_one_forward() -> None:
         assert np.all(tl.f_t1 >= np.array(model.returned))  # ended by the outermost call, not an inner one
 
 
+def test_root_catching_its_own_inner_call_raising_is_one_forward() -> None:
+    """The inner call's always-called hook runs on torch's exception path: it must not end the outer call."""
+
+    class Retry(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, fail: bool = False) -> torch.Tensor:
+            if fail:
+                raise ValueError("inner")
+            with suppress(ValueError):
+                self(x, True)
+            return self.lin(x)
+
+    model = Retry()
+    with recording() as rec, torch.no_grad():
+        out = model(torch.randn(3, 4))
+        model(torch.randn(2, 4))
+    tl = timeline(rec)
+    assert tl.f_idx.size == 2 and tl.f_batch.tolist() == [3, 2]
+    assert not tl.flag(ev.RAISED).any()
+    assert out.shape == (3, 4)
+
+
 class _Probe(nn.Module):
     """Records how many global forward (pre) hooks torch holds while the model runs."""
 
@@ -424,3 +450,25 @@ def test_reinstall_hooks_known_roots_again() -> None:
         model(torch.randn(2, 8))  # not recorded
     tl = timeline(rec)
     assert tl.f_idx.size == 6 and tl.f_root.tolist() == [0] * 6 and len(rec.roots) == 1
+
+
+def test_uninstall_gives_roots_plain_hook_dicts_back() -> None:
+    """After uninstall a root holds plain OrderedDicts again; an empty hook dict of any type (say, left by
+    another copy of phasescope) does not keep a root from getting its own hooks."""
+    names = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
+             "_forward_hooks_always_called")
+
+    class OtherDict(OrderedDict[Any, Any]):
+        pass
+
+    model = mlp()
+    model._forward_hooks = OtherDict()
+    probe = _Probe()
+    model.append(probe)
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(2, 8))
+        assert model._forward_hooks  # hooked: its own forward hook, not the global one
+    assert probe.seen == [(0, 0)]
+    assert all(type(getattr(model, n)) is OrderedDict and not getattr(model, n) for n in names)
+    assert timeline(rec).f_idx.size == 1
+

@@ -69,6 +69,15 @@ class _HookDict(OrderedDict[Any, Any]):
         return (OrderedDict, ([(k, v) for k, v in self.items() if k not in _OWN_HOOK_IDS],))
 
 
+def _restore_hook_dicts(module: torch.nn.Module) -> None:
+    """Give an uninstrumented root back plain hook dicts, where no hook of the user's is in them (so another
+    copy of this module, e.g. an older version timed by benchmarks/bench_hooks.py, can hook it too)."""
+    d = module.__dict__
+    if all(type(d.get(name)) is _HookDict and not d[name] for name in _HOOK_DICTS):
+        for name in _HOOK_DICTS:
+            d[name] = OrderedDict()
+
+
 def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Tensor | None:
     for a in args:
         if isinstance(a, Tensor):
@@ -218,9 +227,11 @@ class Recorder:
             self._global_post = None
         self._gmode_calls = 0
         for ref, handles in self._root_hooks:
-            if ref() is not None:
+            module = ref()
+            if module is not None:
                 for h in handles:
                     h.remove()
+                _restore_hook_dicts(module)
             _OWN_HOOK_IDS.difference_update(h.id for h in handles)
         self._root_hooks = []
         self._hooked = [None] * len(self._hooked)  # a later install() hooks the roots again
@@ -397,8 +408,9 @@ class Recorder:
         """Give a root its own pre and forward hooks; False (global mode) where that cannot be done."""
         d = module.__dict__
         dicts = [d.get(name) for name in _HOOK_DICTS]
-        # A dict that already holds the user's hooks is not replaced: their handles point at it.
-        if not all(type(x) is _HookDict or (type(x) is OrderedDict and not x) for x in dicts):
+        # A dict that already holds the user's hooks is not replaced: their handles point at it. An empty one
+        # is (a handle of an entry that is gone has nothing to remove), whatever its type.
+        if not all(type(x) is _HookDict or (isinstance(x, dict) and not x) for x in dicts):
             return False
         for name, x in zip(_HOOK_DICTS, dicts, strict=True):
             if type(x) is not _HookDict:
