@@ -242,3 +242,30 @@ def test_gpu_rows_keep_the_classifier_badge_and_processes_show_their_hook_phase(
     dev, proc = state.rows()
     assert dev.cells["phase"] == "inference 80% (held)" and dev.phase == "inference"
     assert proc.cells["phase"] == "training" + HOOKS_MARK
+
+
+def test_training_alarm_is_a_note_on_its_device_while_it_holds(traces: list[Trace]) -> None:
+    from phasescope.live_state import TRAINING_ALARM_NOTE
+
+    i = _mid_workload(traces)
+    state = _state_at(traces, i)
+    busy, idle = (t.device.uuid for t in traces)
+    t = float(traces[0].time[i])
+    state.set_phase(busy, "idle", 0.9, t, training_alarm=True)  # the alarm fires before the badge turns
+    state.set_phase(idle, "idle", 0.9, t)
+    rows = {r.key: r for r in state.rows()}
+    assert rows[busy].cells["info"].startswith(TRAINING_ALARM_NOTE)
+    assert rows[busy].cells["phase"] == "idle 90%"  # the badge itself stays the classifier's
+    assert TRAINING_ALARM_NOTE not in rows[idle].cells["info"]
+    version = state.version
+    state.set_phase(busy, "idle", 0.9, t)  # the alarm no longer holds: the note goes
+    assert state.version > version  # a redraw is due
+    assert TRAINING_ALARM_NOTE not in {r.key: r for r in state.rows()}[busy].cells["info"]
+    # A device that went dark shows NO DATA, not a stale alarm.
+    state.set_phase(busy, "idle", 0.9, t, training_alarm=True)
+    batch = next(ticks(traces, i + 1, i + 2))
+    dark = batch.values.copy()
+    dark[0, :] = np.nan
+    state.ingest(TickBatch(batch.time, batch.devices, dark))
+    info = {r.key: r for r in state.rows()}[busy].cells["info"]
+    assert "NO DATA" in info and TRAINING_ALARM_NOTE not in info

@@ -269,7 +269,7 @@ class Annotator:
             for uuid in state.device_uuids():
                 r = self.classifier.reading(uuid)
                 if r is not None:
-                    state.set_phase(uuid, r.phase, r.confidence, r.since, r.held)
+                    state.set_phase(uuid, r.phase, r.confidence, r.since, r.held, r.training_alarm)
         if self.hooks is None and not self.scrapes:
             return
         if self.hooks is not None:

@@ -176,4 +176,4 @@ def backfill_phases(state: LiveState, classifier: LiveClassifier) -> None:
     for uuid in state.device_uuids():
         r = classifier.reading(uuid)
         if r is not None:
-            state.set_phase(uuid, r.phase, r.confidence, r.since, r.held)
+            state.set_phase(uuid, r.phase, r.confidence, r.since, r.held, r.training_alarm)

@@ -50,6 +50,7 @@ HELD_MARK = " (held)"  # after a phase the newest classifier run could not judge
 HOOKS_MARK = " (hooks)"  # a phase the process's own hooks reported: exact, not the classifier's estimate
 # The host pseudo-device has no classifier phase (the model judges GPU telemetry, not CPU load): only hooks.
 HOST_NO_PHASE = "phase: hooks only"
+TRAINING_ALARM_NOTE = "⚑ training started"  # the onset alarm holds (fires before the phase turns training)
 UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
 
 
@@ -161,6 +162,7 @@ class PhaseView:
     confidence: float
     since: float
     held: bool = False  # the newest run judged nothing: phase and confidence are from an older window
+    training_alarm: bool = False  # the classifier's "training started" alarm holds for the device
 
 
 class LiveState:
@@ -293,10 +295,13 @@ class LiveState:
             self._events.append(message)
             self.version += 1
 
-    def set_phase(self, uuid: str, phase: str, confidence: float, since: float, held: bool = False) -> None:
+    def set_phase(
+        self, uuid: str, phase: str, confidence: float, since: float, held: bool = False,
+        training_alarm: bool = False,
+    ) -> None:
         """The classifier's current phase for a device (written by the annotate hook); `held`: kept from an
-        older window, the newest run having judged nothing."""
-        view = PhaseView(phase, confidence, since, held)
+        older window, the newest run having judged nothing; `training_alarm`: its onset alarm holds."""
+        view = PhaseView(phase, confidence, since, held, training_alarm)
         with self._lock:
             if self._phases.get(uuid) != view:
                 self._phases[uuid] = view
@@ -574,6 +579,8 @@ class LiveState:
         cells["energy"] = self._energy_cell(dev.info.uuid)
         idle_held = self._is_idle_held(dev)
         notes = [IDLE_HELD] if idle_held else []
+        if view is not None and view.training_alarm and not dark:
+            notes.insert(0, TRAINING_ALARM_NOTE)
         if dev.lost:
             notes.append("LOST")
         elif dark:

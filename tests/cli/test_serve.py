@@ -46,6 +46,7 @@ def test_serves_a_replay_with_token_and_public_metrics(shared_data: Path, tmp_pa
             assert time.monotonic() < deadline, body.decode()[-2000:]
             time.sleep(0.3)
         assert promtool_check(body) == ""
+        assert b"phasescope_gpu_training_alarm{" in body  # the alarm is on by default
         assert _get(url + "api/state")[0] == 401
         status, state = _get(url + "api/state", token="t0ken")
         assert status == 200 and b'"source":"replay"' in state
@@ -87,6 +88,28 @@ def test_help_has_an_example() -> None:
     done = _run("--help")
     assert done.returncode == 0 and "phasescope serve --source" in done.stdout
     assert "--metrics-token / --metrics-public" in done.stdout
+    assert "--alarm / --no-alarm" in done.stdout
+
+
+@pytest.mark.slow
+def test_no_alarm_flag_turns_the_training_alarm_off(shared_data: Path, tmp_path: Path) -> None:
+    import json
+
+    # Both GPUs of this run are labelled training from ~80 s in (labels.csv); speed 10 gets there in ~8 s.
+    src = f"replay:{shared_data / MIGRATION_RUN}?speed=10"
+    with serve_process(["--source", src, "--no-alarm"], tmp_path) as url:
+        deadline = time.monotonic() + 40
+        while True:
+            state = json.loads(_get(url + "api/state")[1])
+            phases = [d["phase"] for d in state["devices"]]
+            if phases and all(p is not None and p["phase"] == "training" for p in phases):
+                break
+            assert time.monotonic() < deadline, phases
+            time.sleep(0.3)
+        assert all(p["training_alarm"] is False and p["alarm_at"] is None for p in phases)
+        status, body = _get(url + "metrics")
+        assert status == 200 and b"phasescope_gpu_phase_probability{" in body
+        assert b"phasescope_gpu_training_alarm" not in body
 
 
 @pytest.mark.slow

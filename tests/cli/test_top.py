@@ -32,6 +32,29 @@ def test_once_on_a_replayed_training_run(shared_data: Path, capsys: pytest.Captu
     assert "replay · 2 device(s) · tick 2" in out
 
 
+@pytest.mark.parametrize("flag", [None, "--no-alarm"])
+def test_no_alarm_flag_reaches_the_live_classifier(
+    shared_data: Path, flag: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phasescope import live_classify
+
+    made: list[live_classify.LiveClassifier] = []
+
+    class Spy(live_classify.LiveClassifier):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(live_classify, "LiveClassifier", Spy)
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    args = ["top", "--once", "--interval", "0.1", "--source", spec]
+    assert main(args + ([flag] if flag else [])) == 0
+    capsys.readouterr()
+    assert len(made) == 1 and made[0].runs > 0
+    on = flag is None
+    assert made[0].alarm_enabled is on and (made[0].alarm_runs > 0) is on
+
+
 def test_plain_ends_when_a_replay_ends(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = f"replay:{shared_data / GEMM_ON_GPU1}?speed=300"  # 338 recorded seconds in about 1.1 s
     t0 = time.monotonic()
@@ -66,7 +89,9 @@ def test_bad_source_is_one_line(spec: str, says: str, capsys: pytest.CaptureFixt
     assert len(err) == 1 and says in err[0] and "Traceback" not in err[0]
 
 
-def test_once_on_gpus_through_nvml(fake_nvml, shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_once_on_gpus_through_nvml(
+    fake_nvml: Callable[..., object], shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.live_helpers import training_traces
 
     fake_nvml(training_traces(shared_data), mem_total_bytes=24 * 2**30)
@@ -77,7 +102,7 @@ def test_once_on_gpus_through_nvml(fake_nvml, shared_data: Path, capsys: pytest.
     assert "nvml+host · 2 device(s)" in out
 
 
-def test_auto_without_nvml_falls_back_to_the_host(fake_nvml, shared_data: Path,
+def test_auto_without_nvml_falls_back_to_the_host(fake_nvml: Callable[..., object], shared_data: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import pynvml
 

@@ -30,6 +30,7 @@ with warnings.catch_warnings():  # starlette warns that its TestClient will move
 
 ROUTES = ["/", f"/{PLOTLY_PATH}", "/api/state", "/api/history", "/api/update", "/healthz"]
 TOKEN = "s3cret-token"
+TRAINING_FROM = 91407.932  # labels.csv: MIGRATION_RUN's labelled training span (GPUs 3 and 4) starts here
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,12 @@ def test_state_and_history_json(agent: Agent) -> None:
         expect = e["seconds"] / 3600 * 2.5 + e["joules"] / 3.6e6 * 0.12
         assert e["cost"]["total_usd"] == pytest.approx(expect, rel=1e-3, abs=1e-6)
     assert state["totals"]["training"]["joules"] > 0
+    # Both GPUs are labelled training from TRAINING_FROM (labels.csv); the onset alarm holds on both by tick
+    # 90, fired after that start and before the badge turned training (what the page's alarm badge shows).
+    for dev in state["devices"]:
+        ph = dev["phase"]
+        assert ph["training_alarm"] is True, ph
+        assert TRAINING_FROM <= ph["alarm_at"] < ph["since"] <= state["time"], ph
     hist = client.get("/api/history").json()
     h4 = hist[gpu4["uuid"]]
     assert len(h4["t"]) == 90 and all(len(h4[s]) == 90 for s in CHART_SIGNALS)
@@ -109,6 +116,7 @@ def test_plotly_comes_from_the_installed_wheel(agent: Agent) -> None:
     client = TestClient(build_app(agent))
     page = client.get("/").text
     assert f'src="{PLOTLY_PATH}"' in page
+    assert 'data-testid="training-alarm"' in page and "phase.training_alarm" in page  # the alarm badge
     js = client.get(f"/{PLOTLY_PATH}")
     wheel = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     assert js.content == wheel.read_bytes()
@@ -330,7 +338,8 @@ def test_the_host_gets_its_hooks_phase_and_a_time_cost_not_the_gpu_classifier() 
         state = TestClient(build_app(a)).get("/api/state").json()
         dev = state["devices"][0]
         assert dev["phase"] == {"phase": "training", "confidence": None, "proba": {}, "since": None,
-                                "t": None, "held": False, "source": "hooks"}
+                                "t": None, "held": False, "training_alarm": False, "alarm_at": None,
+                                "source": "hooks"}
         assert dev["energy"]["method"] == "none"
         training = dev["energy"]["phases"]["training"]
         assert "other" not in dev["energy"]["phases"]  # the classifier's verdict on CPU load is not metered

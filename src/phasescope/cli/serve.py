@@ -58,6 +58,9 @@ def pricing_note(usd_per_gpu_hour: float | None, usd_per_kwh: float | None) -> s
 @click.option("--store", "store_path", default=None,
               help="Also keep every sample in this SQLite store (what `verify --since/--until` reads); on "
                    "start, the charts and phases begin from its last --history samples.")
+@click.option("--alarm/--no-alarm", default=True, show_default=True,
+              help="Run the 'training started' alarm per GPU (the dashboard badge and the "
+                   "phasescope_gpu_training_alarm metric); --no-alarm turns it off and saves its CPU.")
 def command(
     host: str | None,
     port: int | None,
@@ -72,6 +75,7 @@ def command(
     events_dir: str | None,
     history_ticks: int,
     store_path: str | None,
+    alarm: bool,
 ) -> None:
     """Serve the live dashboard, a JSON API and Prometheus /metrics for every device.
 
@@ -92,7 +96,7 @@ def command(
         prices__usd_per_gpu_hour=usd_per_gpu_hour, prices__usd_per_kwh=usd_per_kwh,
     )
     bind_port = 0 if port == 0 else cfg.serve.port
-    classifier = LiveClassifier(PhaseModel.load(model_path))
+    classifier = LiveClassifier(PhaseModel.load(model_path), alarm=alarm)
     classifier.warm_up()  # before the source opens: a replay's clock starts when it does
     try:
         import uvicorn  # noqa: F401  (the web extra, checked before the source opens)

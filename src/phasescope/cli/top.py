@@ -49,6 +49,7 @@ def run_live(
     process_labels: Mapping[int, str] | None = None,
     notices: Sequence[str] = (),
     classify: bool = True,
+    alarm: bool = True,
     events_dir: str | None = None,
     prices: Prices | Callable[[DeviceInfo], Prices] | None = None,
     idle_util: float = 0.05,
@@ -61,7 +62,8 @@ def run_live(
 ) -> LiveState:
     """Watch `source` in one of three modes: "tui" (full screen), "plain" (a table per tick), "once".
 
-    With `classify`, each device gets its phase from the live classifier; with `events_dir` (default:
+    With `classify`, each device gets its phase from the live classifier (and, with `alarm`, its
+    "training started" alarm); with `events_dir` (default:
     $PHASESCOPE_EVENTS_DIR), hook KPIs; with `scrapes` (URL[@INDEX]), a serving engine's KPIs. `prices`
     (default: the config file's) turn metered energy into cost. `annotate` replaces the classifier and
     the KPI readers (tests). With `store` (a live store's path), the watched devices' last `history_s`
@@ -90,7 +92,7 @@ def run_live(
     scrapers = [scrape_reader(spec) for spec in scrapes]
     if annotate is None:
         annotate = make_annotator(state, classify, events_dir or os.environ.get(EVENTS_DIR_ENV) or None,
-                                  scrapers, consume_events)
+                                  scrapers, consume_events, alarm=alarm)
     before = None
     classifier = getattr(annotate, "classifier", None)  # an Annotator's; a test's own annotate has none
     if history is not None and history.traces and classifier is not None:
@@ -205,6 +207,7 @@ def make_annotator(
     events_dir: str | None,
     scrapes: Sequence[ScrapeKpiReader] = (),
     consume_events: bool = False,
+    alarm: bool = True,
 ) -> Callable[[LiveState], None] | None:
     """The live classifier, hook-KPI and /metrics readers, as far as they can run here (a missing part is a
     notice)."""
@@ -215,7 +218,7 @@ def make_annotator(
         try:
             from phasescope.live_classify import LiveClassifier
 
-            classifier = LiveClassifier()
+            classifier = LiveClassifier(alarm=alarm)
             # Parse the model's boosters (seconds) beside the first ticks rather than inside one.
             threading.Thread(target=classifier.warm_up, name="phasescope-warm-up", daemon=True).start()
         except Exception as exc:  # e.g. lightgbm missing: telemetry still shows, the phase says why not
@@ -241,6 +244,9 @@ def make_annotator(
               help="Show only rows whose device, process, phase or 'idle-held' matches.")
 @click.option("--classify/--no-classify", default=True, show_default=True,
               help="Classify each device's phase live with the shipped model.")
+@click.option("--alarm/--no-alarm", default=True, show_default=True,
+              help="Run the 'training started' alarm per GPU beside the phase (its onset model costs about "
+                   "as much CPU again as the phase classifier); --no-alarm turns it off.")
 @click.option("--events", "events_dir", default=None, type=click.Path(file_okay=False, path_type=str),
               help="Hook events directory for step time, samples/s, MFU, req/s, latency "
                    "(default: $PHASESCOPE_EVENTS_DIR).")
@@ -265,6 +271,7 @@ def command(
     sort: str,
     filter_text: str,
     classify: bool,
+    alarm: bool,
     events_dir: str | None,
     store_path: Path | None,
     history_text: str,
@@ -301,7 +308,7 @@ def command(
         for line in notices:
             click.echo(f"phasescope: {line}", err=True)
     run_live(source, interval, duration=duration, mode=mode, sort=sort, filter_text=filter_text,
-             notices=notices, classify=classify, events_dir=events_dir,
+             notices=notices, classify=classify, alarm=alarm, events_dir=events_dir,
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
              idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,
              store_write=store_write)

@@ -49,6 +49,8 @@ _TEMPLATE = """<!doctype html>
  .device-head { display: flex; gap: 12px; align-items: baseline; flex-wrap: wrap; }
  .muted { color: #667; font-size: 12px; }
  .held { color: #c0392b; font-weight: 600; }
+ .alarm { display: inline-block; padding: 2px 10px; border-radius: 10px; background: #c0392b; color: #fff; font-weight: 600; }
+ .alarm:empty { display: none; }
  .chart { height: 300px; }
  .cols { display: grid; grid-template-columns: minmax(0, 3fr) minmax(260px, 1fr); gap: 12px; }
 </style>
@@ -108,14 +110,14 @@ function card(dev) {
   el.dataset.index = dev.index === null ? "" : String(dev.index);
   const idx = dev.index === null ? "" : "#" + dev.index + " ";
   el.innerHTML = `<div class="device-head"><h2>${esc(idx + (dev.name || "device"))}</h2>
-    <span class="badge" data-testid="phase-badge"></span><span class="conf muted"></span>
+    <span class="badge" data-testid="phase-badge"></span><span class="alarm" data-testid="training-alarm"></span><span class="conf muted"></span>
     <span class="since muted"></span><span class="held"></span><span class="muted">${esc(dev.uuid)}</span></div>
     <div class="cols"><div><div class="hook-kpis" data-testid="phase-kpis"></div><div class="kpis"></div><div class="chart"></div></div>
     <div><table class="energy"><thead><tr><th>phase</th><th>time</th><th>energy</th><th>cost</th></tr></thead>
     <tbody></tbody></table><div class="muted method"></div></div></div>`;
   document.getElementById("devices").appendChild(el);
   cards[dev.uuid] = {
-    el, badge: el.querySelector(".badge"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
+    el, badge: el.querySelector(".badge"), alarm: el.querySelector(".alarm"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
     held: el.querySelector(".held"), kpis: el.querySelector(".kpis"), chart: el.querySelector(".chart"),
     hook: el.querySelector(".hook-kpis"),
     energy: el.querySelector(".energy tbody"), method: el.querySelector(".method"),
@@ -129,6 +131,10 @@ function drawDevice(dev, now) {
   c.badge.textContent = ph;
   c.badge.dataset.phase = ph;
   c.badge.style.background = colour(ph);
+  // The onset alarm fires before the badge turns to training; alarm_at is on the data clock, like now.
+  const al = dev.phase && dev.phase.training_alarm ? dev.phase.alarm_at : undefined;
+  c.alarm.textContent = al === undefined ? "" : "⚑ training started"
+    + (al === null ? "" : " " + new Date(al * 1000).toLocaleTimeString() + (now !== null ? " (" + dur(Math.max(0, now - al)) + " ago)" : ""));
   // Hooks report the phase exactly (no confidence); the classifier's may be held from an older window.
   const held = dev.phase && dev.phase.held ? " (held)" : "";
   c.conf.textContent = !dev.phase ? (dev.host_device ? "no phase: hooks only (the classifier reads GPUs)" : "")
