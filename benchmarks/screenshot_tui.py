@@ -66,6 +66,7 @@ def _export(app: TopApp, size: tuple[int, int]) -> str:
 
 
 def demo_screenshot(out: Path, seconds: float = 15.0) -> Path:
+    from phasescope.cli.demo import DEMO_PRICE_NOTE, DEMO_USD_PER_DEVICE_HOUR
     from phasescope.demo.children import DemoChildren
     from phasescope.live_annotate import HookKpiReader
     from phasescope.live_state import feed
@@ -76,8 +77,10 @@ def demo_screenshot(out: Path, seconds: float = 15.0) -> Path:
         roles = {pid: f"demo {role}" for pid, role in children.pids().items()}
         source = HostSource()
         source.watch(roles)
-        state = LiveState(source.name)
+        # What `phasescope demo` prices with when the config sets no [prices] (and labels as such).
+        state = LiveState(source.name, prices=Prices(usd_per_gpu_hour=DEMO_USD_PER_DEVICE_HOUR))
         state.process_labels.update(roles)
+        state.note(DEMO_PRICE_NOTE)
         assert children.events_dir is not None
         annotate = Annotator(LiveClassifier(), HookKpiReader(children.events_dir, consume=True))
         stop = threading.Event()
