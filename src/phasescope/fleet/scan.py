@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -128,6 +129,9 @@ _WORKER_JOB: _Job | None = None  # set once in each worker process
 
 def _worker_init(opts: ScanOptions, plan: FetchPlan, model: PhaseModel, prices: Any) -> None:
     global _WORKER_JOB
+    # Ctrl-C is the parent's to handle (it ends the pool); a worker that also caught it would print a
+    # traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     client = PromClient(opts.url, timeout_s=opts.timeout_s)  # its own connection, not the parent's
     _WORKER_JOB = _Job(client, plan, model, prices, opts.held_mem_bytes)
 
