@@ -124,7 +124,7 @@ class HookKpiReader:
 
         procs = [ev.ProcessEvents(pid, p.rows, p.wall_offset, p.meta) for pid, p in self._procs.items()
                  if p.rows.shape[0]]
-        doc = summarize(procs) if procs else {"processes": []}
+        doc = summarize(procs, now=now) if procs else {"processes": []}
         process: dict[int, dict[str, float]] = {}
         phases: dict[int, str] = {}
         by_device: dict[str, list[tuple[float, dict[str, float]]]] = {}

@@ -27,3 +27,5 @@ def test_demo_rows_show_training_and_inference_kpis() -> None:
     inference = [ln for ln in lines if f"└ {match.group(2)} " in ln]
     assert any("samp/s" in ln and "step " in ln for ln in training), out[-3000:]
     assert any("req/s" in ln and "p99 " in ln for ln in inference), out[-3000:]
+    # A training forward whose backward had not been read yet once showed as an inference request.
+    assert not any("req/s" in ln for ln in training), out[-3000:]

@@ -34,11 +34,12 @@ def process_summary(tl: Timeline, idle_gap_s: float, with_peak: bool) -> dict[st
 
 
 def summarize(processes: list[ev.ProcessEvents], idle_gap_s: float = 10.0,
-              with_peak: bool = True) -> dict[str, Any]:
-    """Summarise every process that ran at least one forward or optimizer step."""
+              with_peak: bool = True, now: float | None = None) -> dict[str, Any]:
+    """Summarise every process that ran at least one forward or optimizer step; `now` (Unix seconds) for a
+    live view of runs still going, where forwards whose backward may still come count as neither phase."""
     procs = []
     for pe in processes:
-        tl = build(pe, idle_gap_s=idle_gap_s)
+        tl = build(pe, idle_gap_s=idle_gap_s, now=now)
         if tl.f_idx.size or tl.o_id.size:
             procs.append(process_summary(tl, idle_gap_s, with_peak))
     segments = [dict(s, pid=p["pid"], device=p["device"]) for p in procs for s in p["segments"]]

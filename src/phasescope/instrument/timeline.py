@@ -5,6 +5,10 @@ Rules (exact, from what the hooks saw):
 - a step window runs from the first trained forward after the previous step of the main optimizer to the
   end of this step; everything in it (teacher forwards, loss, backward, step) is training work;
 - a forward outside every step window that no backward reached is inference;
+- live (`build(..., now=...)`, a run still going): a forward whose output carries an autograd graph and that
+  no backward reached yet is *pending* (neither phase) while it is the newest call of its module and ended
+  less than PENDING_GRACE_S ago: its backward may still come. The next call of the same module, or the grace
+  period, settles it, so autograd-mode inference is late by one request at most; no-grad forwards never wait;
 - consecutive units of one phase form a segment; a gap longer than `idle_gap_s` is an idle segment.
 """
 
@@ -21,6 +25,9 @@ from phasescope.instrument import events as ev
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
+
+# Longer than the hooks' default flush interval (2 s), so a backward written in the next chunk is still seen.
+PENDING_GRACE_S = 5.0
 
 
 @dataclass
@@ -67,14 +74,19 @@ class Timeline:
     w_t0: F64
     w_t1: F64
     w_flop_sampled: B
+    f_pending: B | None = None  # live only: may still be trained (see module doc); None: nothing pending
     segments: list[Segment] = field(default_factory=list)
 
     def flag(self, bit: int) -> B:
         return (self.f_flags & bit) != 0
 
     @property
+    def settled_mask(self) -> B:
+        return ~self.f_pending if self.f_pending is not None else np.ones(self.f_idx.size, dtype=bool)
+
+    @property
     def inference_mask(self) -> B:
-        return ~self.f_trained & ~self.f_in_window
+        return ~self.f_trained & ~self.f_in_window & self.settled_mask
 
     @property
     def steps(self) -> int:
@@ -89,7 +101,8 @@ def _pair_by_key(begin: F64, end: F64, key_col: int) -> tuple[I64, F64, F64]:
     return common, begin[ib, 1], end[ie, 1]
 
 
-def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0) -> Timeline:
+def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0, now: float | None = None) -> Timeline:
+    """The timeline of one process; `now` (Unix seconds) marks a live view of a run that is still going."""
     rows = pe.rows
     kind = rows[:, 0]
     fb, fe = rows[kind == ev.FWD_BEGIN], rows[kind == ev.FWD_END]
@@ -150,8 +163,22 @@ def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0) -> Timeline:
         o_id=o_id, o_step=o_step, o_t0=o_t0, o_t1=o_t1, main_opt=main_opt,
         w_t0=w_t0, w_t1=w_t1, w_flop_sampled=sampled,
     )
+    if now is not None:
+        tl.f_pending = _pending(tl, now - pe.wall_offset)
     tl.segments = _segments(tl, idle_gap_s)
     return tl
+
+
+def _pending(tl: Timeline, now_mono: float) -> B:
+    """Forwards a backward may still reach (module doc): graph, unreached, newest of their module, recent."""
+    open_ = (tl.flag(ev.HAS_GRAPH) & ~tl.f_trained & ~tl.f_in_window
+             & (tl.f_t1 > now_mono - PENDING_GRACE_S))
+    newest = np.zeros(tl.f_idx.size, dtype=bool)
+    if tl.f_idx.size:
+        # forwards are in start order: the last occurrence of each root is its newest call
+        _, last_rev = np.unique(tl.f_root[::-1], return_index=True)
+        newest[tl.f_idx.size - 1 - last_rev] = True
+    return open_ & newest
 
 
 def _segments(tl: Timeline, idle_gap_s: float) -> list[Segment]:
@@ -171,7 +198,7 @@ def _segments(tl: Timeline, idle_gap_s: float) -> list[Segment]:
         train.append(np.ones(tl.w_t0.size, bool))
         steps.append(np.ones(tl.w_t0.size, np.int64))
         fwds.append(n_in)
-    loose = ~tl.f_in_window
+    loose = ~tl.f_in_window & tl.settled_mask
     if loose.any():
         # trained forwards outside windows (backward without a step) run until their backward ended
         f_end = tl.f_t1[loose].copy()
