@@ -65,6 +65,38 @@ def test_each_process_gets_the_phase_its_hooks_saw(events: tuple[Path, dict[str,
     assert later.phases == {pid: "idle" for pid in pids.values()}
 
 
+def test_a_process_stays_idle_after_its_events_leave_the_window(events: tuple[Path, dict[str, int]],
+                                                                 tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the default-like short window, a hooked process whose work ended reads idle (not vanishes) for
+    as long as its meta file is there; it goes only when that does."""
+    import shutil
+
+    from phasescope.live_annotate import HOOK_PHASE_RECENT_S
+
+    events_dir, pids = events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    work = tmp_path / "events"
+    shutil.copytree(events_dir, work)
+    ends = {pe.pid: float(pe.rows[:, 1].max()) + pe.wall_offset for pe in load_events(work)}
+    now = [0.0]
+    reader = HookKpiReader(work, window_s=5, every_s=0.0, clock=lambda: now[0])
+    for role, pid in sorted(pids.items(), key=lambda kv: ends[kv[1]]):  # just after each run's last work
+        now[0] = ends[pid] + 1
+        reader.update()
+        assert reader.phases[pid] == role
+    now[0] = max(ends.values()) + HOOK_PHASE_RECENT_S + 60  # every event is far outside the 5 s window
+    state = LiveState("test")
+    reader.update(state)
+    assert reader.process == {}  # no KPIs from work that left the window...
+    idle = {pid: "idle" for pid in pids.values()}
+    assert reader.phases == idle and state.process_phases() == idle  # ...but idle, not gone
+    (work / f"meta-{pids['training']}.json").unlink()  # its run is gone: so is its phase
+    now[0] += 1
+    reader.update()
+    assert reader.phases == {pids["inference"]: "idle"}
+
+
 def test_chunks_are_read_once_and_junk_is_skipped(events: tuple[Path, dict[str, int]], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil

@@ -46,6 +46,10 @@ class _Proc:
     chunks: set[str] = field(default_factory=set)
     meta: dict[str, Any] = field(default_factory=dict)
     wall_offset: float = 0.0
+    # The newest hooked work seen (wall-clock end, phase), kept when its rows leave the window: a process
+    # whose work ended long ago is idle, not gone, for as long as its meta file says it was hooked.
+    last_end: float = -math.inf
+    last_phase: str = ""
 
 
 class HookKpiReader:
@@ -89,6 +93,8 @@ class HookKpiReader:
     def _scan(self, now: float) -> None:
         if not self.dir.is_dir():  # the run has not started writing yet: nothing to show, not an error
             return
+        for pid in [pid for pid in self._procs if not (self.dir / f"meta-{pid}.json").exists()]:
+            del self._procs[pid]  # its meta file was removed: no longer a hooked process to report
         for meta_path in self.dir.glob("meta-*.json"):
             try:
                 meta = json.loads(meta_path.read_text())
@@ -129,9 +135,16 @@ class HookKpiReader:
         phases: dict[int, str] = {}
         by_device: dict[str, list[tuple[float, dict[str, float]]]] = {}
         for p in doc["processes"]:
-            phase = _hook_phase(p.get("segments") or [], now)
-            if phase:
-                phases[int(p["pid"])] = phase
+            proc = self._procs[int(p["pid"])]
+            work = [s for s in p.get("segments") or [] if s.get("phase") in ("training", "inference")]
+            if work:
+                last = max(work, key=lambda s: float(s["end"]))
+                if float(last["end"]) >= proc.last_end:
+                    proc.last_end, proc.last_phase = float(last["end"]), str(last["phase"])
+        for pid, proc in self._procs.items():  # also those with no rows left in the window
+            if proc.last_phase:
+                phases[pid] = proc.last_phase if now - proc.last_end <= HOOK_PHASE_RECENT_S else "idle"
+        for p in doc["processes"]:
             kpis: dict[str, float] = {}
             for side, keys in (("training", TRAINING_KEYS), ("inference", INFERENCE_KEYS)):
                 for k in keys:
@@ -154,16 +167,6 @@ class HookKpiReader:
                         merged.setdefault(k, v)
             device[uuid] = merged
         self.device, self.process, self.phases = device, process, phases
-
-
-def _hook_phase(segments: Sequence[dict[str, Any]], now: float) -> str:
-    """The phase of a process's newest hook segment (wall-clock times), "idle" when that ended over
-    HOOK_PHASE_RECENT_S ago, "" when it has none."""
-    work = [s for s in segments if s.get("phase") in ("training", "inference")]
-    if not work:
-        return ""
-    last = max(work, key=lambda s: float(s["end"]))
-    return str(last["phase"]) if now - float(last["end"]) <= HOOK_PHASE_RECENT_S else "idle"
 
 
 class ScrapeKpiReader:

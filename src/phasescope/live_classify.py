@@ -118,8 +118,7 @@ class LiveClassifier:
         """Parse every submodel's booster now (LightGBM's first parse takes seconds), not in a tick."""
         models = [self.model, self.alarm_model()] if self.alarm_enabled else [self.model]
         for m in models:
-            for sub in m.submodels:
-                _ = sub.booster
+            m.warm_up()
 
     def alarm_model(self) -> PhaseModel:
         """The onset model the alarm runs on (the shipped one unless given), loaded on first call."""

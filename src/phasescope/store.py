@@ -48,6 +48,25 @@ def default_store_path() -> Path:
     return Path(base) / "phasescope" / "live.sqlite"
 
 
+def open_for_writing(path: str | Path, **kwargs: Any) -> Store:
+    """`Store(path)` for `serve`/`record --store`, refused while another live process writes it: two
+    writers would interleave one device's samples (and `_announce_writer` would hide the first)."""
+    path = Path(path)
+    if path.is_file():
+        with Store(path, read_only=True) as reader:
+            try:
+                other = reader.active_writer()
+            except sqlite3.Error:  # a malformed meta table: Store(path) below says what is wrong
+                other = None
+        if other is not None:
+            raise InputError(
+                path, f"process {other['pid']} on {other.get('host', '?')} is writing this store now "
+                "(serve, record or top --store)",
+                "no other writer: stop that process, or use a different --store path "
+                "(top --store only reads a store another process writes)")
+    return Store(path, **kwargs)
+
+
 def _col(name: str) -> str:
     return '"' + name + '"'  # signal names are identifiers from schema.py, never user input
 

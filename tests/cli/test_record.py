@@ -145,3 +145,25 @@ def test_store_keeps_the_same_samples_as_the_recording(tmp_path: Path, shared_da
     for uuid, t in rec.items():
         np.testing.assert_array_equal(stored[uuid].time, t.time)
         np.testing.assert_array_equal(stored[uuid]["power"], t["power"])
+
+
+def test_a_store_another_process_writes_is_refused(tmp_path: Path, shared_data: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Two writers would interleave one device's samples: `record --store` says who writes it, and stops
+    before making a recording."""
+    import socket
+
+    from phasescope.store import Store
+
+    db, out = tmp_path / "live.sqlite", tmp_path / "r.parquet"
+    spec = f"replay:{shared_data / RUN}?speed=200"
+    with Store(db):  # a live writer (this process; active_writer checks the pid is running)
+        assert main(["record", "-o", str(out), "--source", spec, "--quiet", "--store", str(db)]) != 0
+        err = capsys.readouterr().err
+        assert f"live.sqlite: process {os.getpid()} on {socket.gethostname()} is writing this store" in err
+        assert "stop that process, or use a different --store path" in err and "Traceback" not in err
+        assert not out.exists()
+    # Once that writer has closed, the same command writes the store.
+    assert main(["record", "-o", str(out), "--source", spec, "--quiet", "--store", str(db)]) == 0
+    with Store(db, read_only=True) as store:
+        assert store.count() > 0

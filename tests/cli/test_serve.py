@@ -141,3 +141,19 @@ def test_store_history_is_served_from_the_start(shared_data: Path, tmp_path: Pat
     assert f"phasescope: history: {path}: {HISTORY_ROWS * 2} samples of 2 device(s)" in log
     with Store(path, read_only=True) as store:
         assert store.count() > before
+
+
+def test_a_store_another_process_writes_is_one_clear_line(tmp_path: Path) -> None:
+    """`serve --store` on a store `top`/`record`/`serve --store` writes now is refused, naming the writer:
+    two writers would interleave one device's samples."""
+    import os
+
+    from phasescope.store import Store
+
+    path = tmp_path / "live.sqlite"
+    with Store(path):  # this test process is the live writer
+        done = _run("--port", "0", "--source", "host", "--store", str(path))
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"live.sqlite: process {os.getpid()} on " in done.stderr
+    assert "is writing this store now" in done.stderr and "use a different --store path" in done.stderr

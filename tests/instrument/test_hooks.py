@@ -472,3 +472,110 @@ def test_uninstall_gives_roots_plain_hook_dicts_back() -> None:
     assert all(type(getattr(model, n)) is OrderedDict and not getattr(model, n) for n in names)
     assert timeline(rec).f_idx.size == 1
 
+
+
+def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward() -> None:
+    """The finder must stay in torch's dict while a thread started after install() may call modules, even
+    before that thread has reached one of phasescope's hooks."""
+    inside, release = threading.Event(), threading.Event()
+
+    class Waits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside.set()
+            release.wait(1.0)
+            return self.lin(x)
+
+    slow, new = Waits(), nn.Sequential(nn.Linear(8, 3))
+    with recording() as rec, torch.no_grad():
+        t = threading.Thread(target=lambda: slow(torch.randn(1, 8)))
+        t.start()
+        assert inside.wait(1.0)
+        for _ in range(3):  # the main thread has called no module yet: no hook of ours saw it
+            new(torch.randn(2, 8))
+        release.set()
+        t.join()
+    tl = timeline(rec)
+    names = [rec.roots[r]["name"] for r in tl.f_root]
+    assert sorted(names) == ["Sequential"] * 3 + ["Waits"]
+    assert sorted(tl.f_batch.tolist()) == [1, 2, 2, 2]
+
+
+def test_keyboard_interrupt_in_a_forward_does_not_stop_recording() -> None:
+    """torch's always-call hooks catch Exception only: a call a KeyboardInterrupt ended is found dead by
+    its frame on the next call, and new roots are found again."""
+
+    class Interrupted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.boom = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.boom:
+                raise KeyboardInterrupt
+            return self.lin(x)
+
+    model = Interrupted()
+    mm = torch.nn.modules.module
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(1, 8))
+        model.boom = True
+        with pytest.raises(KeyboardInterrupt):
+            model(torch.randn(1, 8))
+        model.boom = False
+        for _ in range(3):
+            model(torch.randn(2, 8))
+        assert rec._gid in mm._global_forward_pre_hooks  # the finder is back between root calls
+        nn.Linear(8, 2)(torch.randn(3, 8))
+    tl = timeline(rec)
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Interrupted"] * 4 + ["Linear"]
+    assert tl.f_batch.tolist() == [1, 2, 2, 2, 3]
+
+
+def test_forward_hook_called_with_three_arguments_reads_as_raised() -> None:
+    model = mlp()
+    x = torch.randn(2, 8)
+    with recording() as rec, torch.no_grad():
+        model(x)  # hooks the root
+        rec._root_pre(0, model, (x,))  # a call begins as torch would begin it
+        rec._root_post(model, (x,), None)  # a torch that passes (module, args, kwargs) on the exception path
+    tl = timeline(rec)
+    assert tl.flag(ev.RAISED).tolist() == [False, True]
+
+
+def test_finder_put_back_during_uninstall_is_removed() -> None:
+    model = mlp()
+    rec = Recorder(None)
+    rec.install()
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+
+    def late_forward_hook() -> None:  # another thread's root call ending, past its check of _armed
+        assert rec._gdict is not None
+        rec._gdict[rec._gid] = rec._finder
+
+    rec.flush = late_forward_hook  # type: ignore[method-assign]
+    rec.uninstall()
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_shallow_copy_of_a_hooked_root_is_a_root_of_its_own() -> None:
+    """copy.copy shares the original's hook dicts; the copy gets its own, so neither fires the other's."""
+    import copy
+
+    model = mlp()
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(1, 8))
+        twin = copy.copy(model)
+        twin(torch.randn(2, 8))
+        twin(torch.randn(3, 8))
+        model(torch.randn(4, 8))
+        assert twin._forward_hooks is not model._forward_hooks
+        assert len(model._forward_pre_hooks) == len(twin._forward_pre_hooks) == 1
+    tl = timeline(rec)
+    assert tl.f_root.tolist() == [0, 1, 1, 0]
+    assert tl.f_batch.tolist() == [1, 2, 3, 4]

@@ -132,6 +132,11 @@ class PhaseModel:
         self.submodels = sorted(submodels, key=lambda s: -len(s.signals))
         self.card: dict[str, Any] = dict(card or {})
 
+    def warm_up(self) -> None:
+        """Parse every submodel's booster now (LightGBM's first parse takes seconds), not on first use."""
+        for sub in self.submodels:
+            _ = sub.booster
+
     # -- persistence --------------------------------------------------------------------------
 
     @classmethod

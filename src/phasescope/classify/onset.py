@@ -13,9 +13,10 @@ times are training labels only: prediction reads telemetry alone.
 
 The model is an ordinary `PhaseModel` (same features, LightGBM text boosters in JSON), so it loads with
 `PhaseModel.load(path)` and is used by the alarm only; the window classifier is unchanged. It is fitted with
-every non-training span watched with its pre-roll too (`build_cases(preroll_all=True)`), so a marker burst
-followed by an inference start-up is a negative example. Its card holds the alarm threshold and drift, chosen
-by `calibrate` (the rule the nested CV in `benchmarks/bench_alerts.py --onset` measures). Refit with
+non-training spans watched with their pre-roll too where there is one (`build_cases(preroll_all=True)`: 22 of
+295 in the shared data), so a marker burst followed by an inference start-up is a negative example. Its
+card holds the alarm threshold and drift, chosen by `calibrate` (the rule the nested CV in
+`benchmarks/bench_alerts.py --onset` measures). Refit with
 
     .venv/bin/python -m phasescope.classify.onset ../shared/data -o src/phasescope/models/alarm_model.json
 
@@ -198,9 +199,11 @@ def alarm_params(model: PhaseModel) -> decide.AlarmParams:
 class OnsetAlarm:
     """Streaming "training started" alarm for one device on the onset model (for the live path).
 
-    Call `update(trace)` with the device's recent telemetry (about `HISTORY_S` seconds, so the memory-ramp
-    features see the same context as in evaluation) at the alarm cadence; it feeds the windows that end
-    after the last one seen into a `decide.TrainingAlarm` and returns True exactly when the alarm fires.
+    Call `update(trace)` with the device's recent telemetry (about `HISTORY_S` seconds) at the alarm cadence.
+    The memory-ramp features then see at most that much context; in evaluation a case's trace often starts
+    at its labelled start, so there they count from that start, which live never sees (a known gap between
+    the measured and the live alarm). It feeds the windows that end after the last one seen into a
+    `decide.TrainingAlarm` and returns True exactly when the alarm fires.
     """
 
     model: PhaseModel

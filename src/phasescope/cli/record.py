@@ -183,12 +183,12 @@ def command(
                 if isinstance(source, ReplaySource)
                 else DEFAULT_INTERVAL_S
             )
-        writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
         store = None
-        if store_path is not None:
-            from phasescope.store import Store
+        if store_path is not None:  # before the recording file: a store another process writes is refused
+            from phasescope.store import open_for_writing
 
-            store = Store(store_path)
+            store = open_for_writing(store_path)
+        writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
         if not cmd:
             _record(source, Sampler(source, interval), writer, duration, not quiet, path, store=store)
             return

@@ -106,6 +106,7 @@ def command(
     except ModuleNotFoundError as exc:
         missing = f"serve needs the web extra ({exc.name} is missing): pip install 'phasescope[web]'"
         raise SourceError(missing) from None
+    store = _open_store(store_path)  # before the source: a store another process writes is refused
     source = open_watched(source_spec, lambda line: click.echo(f"phasescope: {line}", err=True),
                           host_row=False)
     if interval is None:
@@ -121,7 +122,7 @@ def command(
     agent = Agent(source, interval, classifier=classifier, prices=cfg.prices,
                   history_ticks=history_ticks, idle_util=cfg.thresholds.idle_util,
                   gap_factor=cfg.thresholds.energy_gap_factor, hooks=hooks,
-                  store=_open_store(store_path))
+                  store=store)
     if agent.store is not None:
         def say(line: str) -> None:
             click.echo(f"phasescope: {line}", err=True)
@@ -206,6 +207,6 @@ def bind(host: str, port: int) -> socket.socket:
 def _open_store(path: str | None) -> Any:
     if path is None:
         return None
-    from phasescope.store import Store
+    from phasescope.store import open_for_writing
 
-    return Store(path)
+    return open_for_writing(path)

@@ -148,12 +148,17 @@ def _in_workers(
     opts: ScanOptions, plan: FetchPlan, model: PhaseModel, prices: Any, n: int
 ) -> list[_BatchResult]:
     # fork: the workers inherit the parsed model and the price callable instead of receiving copies.
+    # Parse every booster here first: they are parsed lazily, and parsing in a forked child after the
+    # parent's OpenMP has run can hang (libgomp does not survive fork).
+    model.warm_up()
     ctx = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(n, ctx, initializer=_worker_init, initargs=(opts, plan, model, prices))
     try:
-        with ProcessPoolExecutor(
-            n, ctx, initializer=_worker_init, initargs=(opts, plan, model, prices)
-        ) as pool:
+        with pool:
             return list(pool.map(_worker_run, range(len(plan.batches))))
+    except KeyboardInterrupt:  # do not wait for the batches already handed out
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     except BrokenProcessPool:
         raise SourceError(
             f"fleet: a worker process died while classifying {len(plan.devices)} devices "

@@ -82,6 +82,11 @@ class FleetService:
                 self._state.error = str(exc)
                 self._state.failures += 1
             return
+        except Exception as exc:  # a bug must not end the schedule silently while /metrics says up
+            with self._lock:
+                self._state.error = f"fleet pass failed: {type(exc).__name__}: {exc}"
+                self._state.failures += 1
+            return
         with self._lock:
             self._state.result = result
             self._state.error = ""

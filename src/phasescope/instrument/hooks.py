@@ -5,9 +5,10 @@
   `register_forward_hook`. A global pre hook (`register_module_forward_pre_hook`) finds new roots; it is only
   in torch's global dict between root calls, so the submodules inside a root call take `_call_impl`'s fast
   path (any global module hook sends every module call through the slow one, ~1.6 us each on a CPU).
-  Process-wide hook dicts are per-process, not per-thread: once a second thread calls modules, the global
-  pre hook stays in so no thread can miss a new root. Roots whose hook dicts already hold hooks of their own
-  are followed by global pre and forward hooks instead (the old, slower mode).
+  Process-wide hook dicts are per-process, not per-thread: once a second thread calls modules, or more
+  threads run than at install(), the global pre hook stays in so no thread can miss a new root. Roots whose
+  hook dicts already hold hooks of their own are followed by global pre and forward hooks instead (the old,
+  slower mode).
 - The outermost forward's output `grad_fn.register_prehook(...)`: fires when a backward pass reaches that
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
@@ -131,7 +132,7 @@ def _tensor_bytes(t: Tensor) -> int:
 class _ThreadState:
     """One thread's place in the forward calls (slots: ~20 ns an access; threading.local: ~130 ns)."""
 
-    __slots__ = ("cur", "gmode", "pending", "root", "same")
+    __slots__ = ("cur", "frame", "gmode", "pending", "root", "same")
 
     def __init__(self) -> None:
         self.root: torch.nn.Module | None = None  # the module of the root call running, None between calls
@@ -139,6 +140,9 @@ class _ThreadState:
         self.gmode = False  # the global hooks follow this call (a root that could not be hooked)
         self.pending: torch.nn.Module | None = None  # a root whose own pre hook may still run for this call
         self.cur: tuple[int, int] = (-1, -1)  # (root id, forward index)
+        # The root call's caller frame: gone from the stack once a BaseException (KeyboardInterrupt) ended
+        # the call without torch's always-call hooks, which catch Exception only.
+        self.frame: Any = None
 
 
 class Recorder:
@@ -176,11 +180,15 @@ class Recorder:
         self._armed = False
         self._global_post: Any = None  # the global forward hook, while calls of unhooked roots run
         self._gmode_calls = 0
+        self._unshared = False  # _hook_root just gave a shallow copy hook dicts of its own
         # per root: has its own hooks (False: followed by the global hooks; None: not tried since install())
         self._hooked: list[bool | None] = []
         self._root_hooks: list[tuple[weakref.ReferenceType[torch.nn.Module], tuple[Any, Any]]] = []
         self._callers: set[int] = set()  # threads that have called a module since install()
         self._multi = False
+        # Threads alive at install() (with phasescope's flush thread): while no more run and one thread has
+        # called modules, no other thread can call one during a root call, so the finder may leave the dict.
+        self._threads0 = 1
         self._registered = False  # the at-fork and at-exit callbacks
         self.events_dir = Path(events_dir) if events_dir else None
         self.flush_s = flush_s
@@ -216,6 +224,7 @@ class Recorder:
             self._stop = threading.Event()
             self._flusher = threading.Thread(target=self._flush_loop, name="phasescope-flush", daemon=True)
             self._flusher.start()
+        self._threads0 = threading.active_count()
 
     def uninstall(self) -> None:
         self._armed = False  # a root call still running must not put the finder back
@@ -239,6 +248,9 @@ class Recorder:
         self._stop.set()
         self._end_flop_sample(record=False)
         self.flush()
+        with self._lock:  # a root call that read _armed before it was cleared may have put the finder back
+            if self._gdict is not None:
+                self._gdict.pop(self._gid, None)
 
     def _reset_threads(self) -> None:
         self._tl = threading.local()  # .st: this thread's _ThreadState
@@ -265,6 +277,27 @@ class Recorder:
             self._multi = len(self._callers) > 1  # from now on the finder stays in torch's dict
         return st
 
+    @staticmethod
+    def _alive(st: _ThreadState) -> bool:
+        """Whether this thread's root call is still running: its caller frame is on the current stack."""
+        target = st.frame
+        f: Any = sys._getframe(2)
+        while f is not None:
+            if f is target:
+                return True
+            f = f.f_back
+        return target is None
+
+    def _drop_dead_call(self, st: _ThreadState) -> None:
+        """Forget a root call a BaseException ended without its forward hook; watch for new roots again."""
+        if st.gmode:
+            with self._lock:
+                self._gmode_calls = max(0, self._gmode_calls - 1)
+        st.root = st.pending = st.frame = None
+        st.same = 0
+        st.gmode = False
+        self._arm()
+
     def _arm(self) -> None:
         if self._gdict is not None and self._armed:
             self._gdict[self._gid] = self._finder
@@ -278,16 +311,19 @@ class Recorder:
         root = st.root
         # A nested call: the finder is in torch's dict in a root call only with 2 threads or unhooked roots.
         if root is not None:
-            if root is module and st.gmode:  # a root module calling itself
+            if root is not module or not st.gmode:
+                return
+            if self._alive(st):  # a root module calling itself
                 st.same += 1
-            return
+                return
+            self._drop_dead_call(st)
         if self._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
             return
         rid = self._roots.get(id(module))
         hooked = None if rid is None or self._root_refs[rid]() is not module else self._hooked[rid]
         if hooked and not self._multi:
             return  # its own pre hook, next in this call, begins it (one thread: no other hooked it just now)
-        fresh = False
+        fresh = unshared = False
         if rid is None or hooked is None:
             with self._lock:  # two threads meeting a new root at once must not both register it
                 rid = self._roots.get(id(module))
@@ -298,12 +334,15 @@ class Recorder:
                     self._hooked[rid] = self._hook_root(module, rid)
                     fresh = True
                 hooked = self._hooked[rid]
-        self._root_pre(rid, module, args, not hooked)
-        if hooked and not fresh:  # its own pre hook runs next in this call, unless another thread hooked
-            st.pending = module  # it between torch reading the hook dicts and this hook running
+                unshared, self._unshared = self._unshared, False
+        self._root_pre(rid, module, args, not hooked, sys._getframe(1))
+        # Its own pre hook runs next in this call, unless another thread hooked it between torch reading the
+        # hook dicts and this hook running; or the pre hook of the module a copy shared its dicts with does.
+        if hooked and (not fresh or unshared):
+            st.pending = module
 
     def _root_pre(self, rid: int, module: torch.nn.Module, args: tuple[Any, ...],
-                  gmode: bool = False) -> None:
+                  gmode: bool = False, caller: Any = None) -> None:
         """A root's own forward pre hook: the common way a root call begins (one Python frame: the hook code
         runs with cold caches after the model's kernels, so each frame costs several times its hot cost)."""
         try:
@@ -312,12 +351,16 @@ class Recorder:
             st = self._init_thread()
         root = st.root
         if root is not None:
-            if root is module:
-                if st.pending is module:  # the finder already began this call
-                    st.pending = None
-                else:
+            if root is module and st.pending is module:  # the finder already began this call
+                st.pending = None
+                return
+            # A root module calling itself, or a hooked root nested in another root call (rare paths: the
+            # stack walk runs once per such call, not per submodule).
+            if self._alive(st):
+                if root is module:
                     st.same += 1
-            return
+                return
+            self._drop_dead_call(st)
         if self._in_bwd:
             return
         idx = next(self._fwd_ids)  # itertools.count: atomic under the GIL, unique across threads
@@ -325,13 +368,14 @@ class Recorder:
         st.same = 0
         st.gmode = gmode
         st.cur = (rid, idx)
+        st.frame = caller if caller is not None else sys._getframe(1)
         if gmode:  # the global forward hook is in torch's dict only while such calls run
             with self._lock:
                 self._gmode_calls += 1
                 if self._global_post is None:
                     self._global_post = nn_module.register_module_forward_hook(
                         self._global_end, with_kwargs=True, always_call=True)
-        elif not self._multi and self._gdict is not None:
+        elif not self._multi and self._gdict is not None and threading.active_count() <= self._threads0:
             self._gdict.pop(self._gid, None)  # submodules of this call take torch's fast path
         if self._unsampled and rid in self._unsampled and self._saved_ctx is None and is_grad_enabled():
             with self._lock:  # one sample at a time, in one thread
@@ -357,7 +401,7 @@ class Recorder:
                     self._global_post.remove()
                     self._global_post = None
 
-    def _root_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any, out: Any,
+    def _root_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any, out: Any = _RAISED,
                    gmode: bool = False) -> None:
         """A root's own forward hook (always_call, with kwargs): ends the root call and writes its row."""
         try:
@@ -370,7 +414,7 @@ class Recorder:
         if st.same:
             st.same -= 1
             return
-        st.root = st.pending = None
+        st.root = st.pending = st.frame = None  # the frame holds the call's inputs and outputs
         rid, idx = st.cur
         if out is None and not gmode and sys.exc_info()[0] is not None:
             out = _RAISED  # torch's exception path passes result=None to a module's own hooks
@@ -408,9 +452,14 @@ class Recorder:
         """Give a root its own pre and forward hooks; False (global mode) where that cannot be done."""
         d = module.__dict__
         dicts = [d.get(name) for name in _HOOK_DICTS]
+        # This module holds no hooks of ours yet, so ids of ours in its dicts are another module's: a shallow
+        # copy (copy.copy) shares its original's dicts. With only ours in them it gets fresh dicts of its own.
+        if dicts[0] and all(type(x) is _HookDict and _OWN_HOOK_IDS.issuperset(x) for x in dicts):
+            dicts = [None] * len(dicts)
+            self._unshared = True  # torch already read the shared pre hook dict for this call
         # A dict that already holds the user's hooks is not replaced: their handles point at it. An empty one
         # is (a handle of an entry that is gone has nothing to remove), whatever its type.
-        if not all(type(x) is _HookDict or (isinstance(x, dict) and not x) for x in dicts):
+        if not all(x is None or type(x) is _HookDict or (isinstance(x, dict) and not x) for x in dicts):
             return False
         for name, x in zip(_HOOK_DICTS, dicts, strict=True):
             if type(x) is not _HookDict:
