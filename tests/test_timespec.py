@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from phasescope.cli import fleet as fleet_cli
 from phasescope.errors import InputError
-from phasescope.fleet import timespec as fleet_timespec
 from phasescope.timespec import parse_duration, parse_instant, parse_time
 from phasescope.verify import inputs as verify_inputs
 
@@ -14,8 +14,8 @@ EPOCH_1_7E9 = "2023-11-14T22:13:20"  # 1_700_000_000 in UTC
 
 
 def test_every_caller_uses_the_shared_parser() -> None:
-    assert fleet_timespec.parse_duration is parse_duration
-    assert fleet_timespec.parse_instant is parse_instant
+    assert fleet_cli.parse_duration is parse_duration
+    assert fleet_cli.parse_instant is parse_instant
     assert verify_inputs.parse_time is parse_time
 
 

@@ -12,8 +12,8 @@ from phasescope.cli._options import price_options
 from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES
 from phasescope.fleet.scan import ScanOptions, scan
 from phasescope.fleet.shard import parse_shard
-from phasescope.fleet.timespec import parse_duration, parse_instant
 from phasescope.kpi.cost import Prices
+from phasescope.timespec import parse_duration, parse_instant
 
 
 def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) -> configmod.PriceConfig:
