@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from phasescope.cli.top import BACKFILL_S, backfill_phases, open_history
 from phasescope.live_classify import LiveClassifier
+from phasescope.live_history import BACKFILL_S, backfill_phases, open_history
 from phasescope.live_state import LiveState
 from phasescope.schema import SIGNAL_NAMES, DeviceInfo
 from phasescope.sources.base import TickBatch

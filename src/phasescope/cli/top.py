@@ -16,7 +16,6 @@ from phasescope.cli.cost import _config, _price_options
 from phasescope.errors import SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
 from phasescope.kpi.cost import Prices
-from phasescope.live_history import BACKFILL_S as BACKFILL_S  # re-exported: benchmarks/bench_top_history.py
 from phasescope.live_history import DEFAULT_HISTORY_S, backfill_phases, open_history
 from phasescope.live_state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
 from phasescope.schema import DeviceInfo
