@@ -218,23 +218,45 @@ def test_training_alarm_fires_after_the_labelled_start_and_before_the_badge(
     assert lc.alarm_runs > 0
 
 
-def test_alarm_can_be_turned_off_and_skips_the_host(migration: list[Trace], model: PhaseModel,
-                                                     alarm_model: PhaseModel) -> None:
+def test_alarm_can_be_turned_off(migration: list[Trace], model: PhaseModel) -> None:
     off = LiveClassifier(model, alarm=False)
     _replay(migration, off, stop=40)
     assert off.alarm_runs == 0 and off.runs > 0
     r = off.reading(migration[0].device.uuid)
     assert r is not None and not r.training_alarm and r.to_dict()["alarm_at"] is None
-    # The host pseudo-device (CPU and RAM) is classified but never alarmed on; the GPU beside it is.
+
+
+def test_the_host_is_never_judged_nor_alarmed_on(
+    migration: list[Trace], model: PhaseModel, alarm_model: PhaseModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host pseudo-device (CPU and RAM) gets its phase from hooks: neither the phase model nor the
+    # alarm ever sees its telemetry (here the GPU's own values, which the model would happily judge).
     host = DeviceInfo("host-n1", "Some CPU", None, "n1", extra={"kind": HOST_KIND})
     gpu = migration[0]
+    judged: list[str] = []
+    alarmed: list[str] = []
+    predict, alarm_update = PhaseModel.predict_trace, onset.OnsetAlarm.update
+
+    def spy_predict(self: PhaseModel, trace: Trace, evidence: bool = True) -> WindowPredictions:
+        judged.append(trace.device.uuid)
+        return predict(self, trace, evidence)
+
+    def spy_alarm(self: onset.OnsetAlarm, trace: Trace) -> bool:
+        alarmed.append(trace.device.uuid)
+        return alarm_update(self, trace)
+
+    monkeypatch.setattr(PhaseModel, "predict_trace", spy_predict)
+    monkeypatch.setattr(onset.OnsetAlarm, "update", spy_alarm)
     lc = LiveClassifier(model, alarm_model=alarm_model)
     state = LiveState("replay")
     for batch in ticks([gpu], stop=40):
         state.ingest(TickBatch(batch.time, [gpu.device, host], np.vstack([batch.values, batch.values])))
         lc.update(state)
-    assert lc.reading(host.uuid) is not None and lc.reading(gpu.device.uuid) is not None
-    assert lc.alarm_runs == lc.runs // 2  # every_s and the alarm's stride are both 5 s: one per GPU run
+    assert host.uuid not in judged and host.uuid not in alarmed
+    assert set(judged) == {gpu.device.uuid} and lc.runs > 0  # the GPU beside it is judged as ever
+    assert lc.reading(host.uuid) is None and lc.bands(host.uuid) == [] and host.uuid not in lc.phases()
+    assert lc.reading(gpu.device.uuid) is not None
+    assert lc.alarm_runs == lc.runs  # every_s and the alarm's stride are both 5 s: one per GPU run
 
 
 def test_warm_up_parses_the_alarm_model_too(model: PhaseModel) -> None:

@@ -230,6 +230,37 @@ def test_host_row_shows_hook_phases_not_the_gpu_classifier_and_a_time_cost() -> 
         other.wait()
 
 
+def test_the_host_kpi_side_and_sort_follow_its_hooks_never_a_classifier_phase(traces: list[Trace]) -> None:
+    from phasescope.live_state import HOOKS_MARK, phase_from_hooks
+    from phasescope.schema import DeviceInfo
+    from phasescope.sources.host import HOST_KIND
+
+    host = DeviceInfo("host:n1", "Some CPU", None, "n1", extra={"kind": HOST_KIND})
+    gpu = traces[0].device
+    assert phase_from_hooks(host) and not phase_from_hooks(gpu)
+    state = LiveState("test")
+    batch = next(ticks(traces[:1], 0, 1))
+    values = np.vstack([batch.values, np.full((1, len(SIGNAL_NAMES)), np.nan)])
+    state.ingest(TickBatch(batch.time, [gpu, host], values, processes=[_me(host.uuid, 0.5)]))
+    both = {"samples_per_s": 100.0, "requests_per_s": 4.0}
+    state.set_kpis({host.uuid: both}, {os.getpid(): both})
+    # A phase written for the host (what the annotator used to copy from the classifier) picks nothing.
+    state.set_phase(host.uuid, "inference", 0.9, batch.time)
+    state.set_phase(gpu.uuid, "idle", 0.9, batch.time)
+    dev = {r.key: r for r in state.rows()}[host.uuid]
+    assert dev.cells["phase"] == MISSING and "samp/s" in dev.cells["kpi"] and "req/s" not in dev.cells["kpi"]
+    assert state.phase(host.uuid) is None and state.rows(filter_text="inference") == []
+    assert [r.key for r in state.rows(sort="phase") if r.kind == "device"] == [gpu.uuid, host.uuid]
+    # Its hooks say inference: the badge, the KPI side (device and process rows) and the sort follow.
+    state.set_process_phases({os.getpid(): "inference"})
+    dev, proc = (r for r in state.rows() if r.device_uuid == host.uuid)
+    assert dev.cells["phase"] == "inference" + HOOKS_MARK and dev.phase == "inference"
+    assert "req/s" in dev.cells["kpi"] and "req/s" in proc.cells["kpi"]
+    view = state.phase(host.uuid)
+    assert view is not None and view.label == "inference" and not view.training_alarm
+    assert [r.key for r in state.rows(sort="phase") if r.kind == "device"] == [host.uuid, gpu.uuid]
+
+
 def test_gpu_rows_keep_the_classifier_badge_and_processes_show_their_hook_phase(traces: list[Trace]) -> None:
     from phasescope.live_state import HOOKS_MARK
 

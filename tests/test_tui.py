@@ -390,6 +390,7 @@ def test_hook_kpis_show_per_phase(hook_events: tuple[Path, dict[str, int]],
     from phasescope.instrument.events import load_events
     from phasescope.live_annotate import HookKpiReader
     from phasescope.live_state import kpi_text
+    from phasescope.schema import ProcessSample
     from phasescope.sources.host import HostSource
 
     events_dir, pids = hook_events
@@ -400,6 +401,8 @@ def test_hook_kpis_show_per_phase(hook_events: tuple[Path, dict[str, int]],
     finally:
         host.close()
     uuid = batch.devices[0].uuid
+    # The hooked runs as the host's processes: the host's KPI side follows their hooks' phases.
+    batch.processes = [ProcessSample(batch.time, pid, uuid, cpu_util=0.5) for pid in pids.values()]
     state = LiveState("host")
     state.ingest(batch)
     reader = HookKpiReader(events_dir, window_s=3600)
@@ -411,7 +414,7 @@ def test_hook_kpis_show_per_phase(hook_events: tuple[Path, dict[str, int]],
     assert reader.process[pids["training"]]["samples_per_s"] == pytest.approx(training["samples_per_s"])
     assert reader.process[pids["inference"]]["latency_p99_s"] == pytest.approx(inference["latency_p99_s"])
 
-    state.set_phase(uuid, "training", 0.9, batch.time)
+    state.set_process_phases({pids["training"]: "training"})
     app = TopApp(state, None)
 
     async def go() -> None:
@@ -419,7 +422,7 @@ def test_hook_kpis_show_per_phase(hook_events: tuple[Path, dict[str, int]],
             cell = _cells(app, uuid)["kpi"]
             assert cell == kpi_text(reader.device[uuid], "training")
             assert cell.startswith("step ") and "samp/s" in cell and "MFU " in cell
-            state.set_phase(uuid, "inference", 0.9, batch.time)
+            state.set_process_phases({pids["inference"]: "inference"})
             app.redraw()
             await pilot.pause()
             cell = _cells(app, uuid)["kpi"]

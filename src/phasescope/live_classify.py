@@ -14,8 +14,10 @@ the confidence of the last window that was judged and `held` set (views mark it 
 The "training started" alarm runs beside it on its own model (`classify.onset`: 15 s windows fitted on
 windows that straddle a run's start, so it fires sooner than the badge turns): every `onset.ONSET_STRIDE_S`
 of data time each GPU's last `onset.HISTORY_S` seconds go to its `OnsetAlarm`. The reading carries
-`training_alarm` (latched until the training evidence is gone) and `alarm_at` (data time it fired). The host
-pseudo-device gets no alarm: the model was fitted on GPU telemetry only.
+`training_alarm` (latched until the training evidence is gone) and `alarm_at` (data time it fired).
+
+Devices whose phase comes from hooks only (`live_state.phase_from_hooks`: the host pseudo-device, CPU load
+and RAM, which neither model was fitted on) are skipped: no window is judged, no alarm kept, no reading.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ import numpy as np
 from phasescope.classify import onset
 from phasescope.classify.decide import finite_or_none
 from phasescope.classify.model import PhaseModel
-from phasescope.live_state import LiveState
+from phasescope.live_state import LiveState, phase_from_hooks
 from phasescope.schema import PHASES, SIGNAL_NAMES, Trace
-from phasescope.sources.host import is_host_device
 
 UNKNOWN = "unknown"
 MAX_BANDS = 500  # phase bands kept per device (the dashboard's coloured stretches)
@@ -81,7 +82,7 @@ class _DeviceTrack:
     candidate_since: float = math.nan
     candidate_runs: int = 0
     bands: deque[PhaseBand] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
-    alarm: onset.OnsetAlarm | None = None  # None: not alarmed on (host pseudo-device, or alarm off)
+    alarm: onset.OnsetAlarm | None = None  # None: the alarm is off
     alarm_run: float = -math.inf  # data time of the alarm's last update
     alarm_at: float | None = None
 
@@ -130,7 +131,8 @@ class LiveClassifier:
     # ---- writer ----
 
     def update(self, state: LiveState, now: float | None = None) -> None:
-        """Re-classify every device of `state` whose last run is `every_s` or more before `now`.
+        """Re-classify every device of `state` whose last run is `every_s` or more before `now`, except
+        those whose phase comes from hooks (`phase_from_hooks`).
 
         `now` is on the data clock (TickBatch.time); None takes the state's latest tick time.
         """
@@ -140,8 +142,12 @@ class LiveClassifier:
         for uuid in state.device_uuids():
             with self._lock:
                 track = self._tracks.get(uuid)
-                if track is None:
-                    track = self._tracks[uuid] = self._new_track(state, uuid)
+            if track is None:
+                if phase_from_hooks(state.device_info(uuid)):
+                    continue  # the host: its hooks say its phase, the models cannot judge CPU load
+                track = self._new_track()
+            with self._lock:
+                track = self._tracks.setdefault(uuid, track)
                 due = t_now - track.last_run >= self.every_s
             if track.alarm is not None and t_now - track.alarm_run >= onset.ONSET_STRIDE_S:
                 self._alarm_step(state, uuid, track, track.alarm, t_now)
@@ -154,9 +160,9 @@ class LiveClassifier:
                 self.runs += 1
                 self._advance(track, t_now, phase, proba, dark=state.is_lost(uuid) or not len(trace))
 
-    def _new_track(self, state: LiveState, uuid: str) -> _DeviceTrack:
+    def _new_track(self) -> _DeviceTrack:
         track = _DeviceTrack()
-        if self.alarm_enabled and not is_host_device(state.device_info(uuid)):
+        if self.alarm_enabled:
             model = self.alarm_model()
             track.alarm = onset.OnsetAlarm(model, onset.alarm_params(model))
         return track

@@ -48,8 +48,7 @@ IDLE_TICKS = 30
 IDLE_HELD = "IDLE·HELD"
 HELD_MARK = " (held)"  # after a phase the newest classifier run could not judge: its % is from before
 HOOKS_MARK = " (hooks)"  # a phase the process's own hooks reported: exact, not the classifier's estimate
-# The host pseudo-device has no classifier phase (the model judges GPU telemetry, not CPU load): only hooks.
-HOST_NO_PHASE = "phase: hooks only"
+HOST_NO_PHASE = "phase: hooks only"  # Notes of a hooks-only device (`phase_from_hooks`) no hook reports on
 TRAINING_ALARM_NOTE = "⚑ training started"  # the onset alarm holds (fires before the phase turns training)
 UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
 
@@ -104,6 +103,16 @@ class Ring:
         return self._buf[(self._head - 1) % self._buf.shape[0]].copy()
 
 
+def phase_from_hooks(info: DeviceInfo) -> bool:
+    """Whether a device's phase comes only from its processes' hooks, never from the live classifier.
+
+    The one place that decides it: the host pseudo-device (CPU load and RAM), which the phase and alarm
+    models, fitted on GPU telemetry, cannot judge. `LiveClassifier` skips such devices and `LiveState`
+    shows, meters and sorts them by their hooks' phases.
+    """
+    return is_host_device(info)
+
+
 @dataclass
 class DeviceState:
     info: DeviceInfo
@@ -156,13 +165,20 @@ class Row:
 
 @dataclass(frozen=True)
 class PhaseView:
-    """What a view shows of a device's phase (from `live_classify.PhaseReading`)."""
+    """What a view shows of a device's phase: the classifier's (`live_classify.PhaseReading`), or for a
+    `phase_from_hooks` device its processes' hooks (exact: no confidence, no start, no alarm)."""
 
-    phase: str
+    phase: str  # a PHASES member or "unknown"; from hooks, the busiest (by CPU) phase reported
     confidence: float
     since: float
     held: bool = False  # the newest run judged nothing: phase and confidence are from an older window
     training_alarm: bool = False  # the classifier's "training started" alarm holds for the device
+    hooks_label: str = ""  # from hooks: every phase reported, in PHASES order ("training+inference")
+
+    @property
+    def label(self) -> str:
+        """The name its time and energy go under: the hooks' label, else the phase."""
+        return self.hooks_label or self.phase
 
 
 class LiveState:
@@ -300,7 +316,8 @@ class LiveState:
         training_alarm: bool = False,
     ) -> None:
         """The classifier's current phase for a device (written by the annotate hook); `held`: kept from an
-        older window, the newest run having judged nothing; `training_alarm`: its onset alarm holds."""
+        older window, the newest run having judged nothing; `training_alarm`: its onset alarm holds.
+        Not shown for a `phase_from_hooks` device: its hooks' phases stand."""
         view = PhaseView(phase, confidence, since, held, training_alarm)
         with self._lock:
             if self._phases.get(uuid) != view:
@@ -335,18 +352,20 @@ class LiveState:
             return {uuid: list(dev.processes) for uuid, dev in self._devices.items() if dev.processes}
 
     def phase(self, uuid: str) -> PhaseView | None:
+        """The phase shown for a device (see `_phase_view`); None while there is none."""
         with self._lock:
-            return self._phases.get(uuid)
+            dev = self._devices.get(uuid)
+            return self._phases.get(uuid) if dev is None else self._phase_view(dev)
 
     def process_phases(self) -> dict[int, str]:
         with self._lock:
             return dict(self._proc_phase)
 
     def host_phases(self) -> dict[str, str]:
-        """Host pseudo-device uuid -> the phase its processes' hooks report ("" when none report): the
-        label its time and cost go under, in place of the GPU classifier's."""
+        """`phase_from_hooks` device uuid -> the phase its processes' hooks report ("" when none report):
+        the label its time and cost go under, in place of the GPU classifier's."""
         with self._lock:
-            return {u: self._hook_phase(d)[0] for u, d in self._devices.items() if is_host_device(d.info)}
+            return {u: self._hook_phase(d)[0] for u, d in self._devices.items() if phase_from_hooks(d.info)}
 
     def idle_held(self) -> list[str]:
         """Uuids of devices held by a process (or its memory) while idle: paid for, doing nothing."""
@@ -469,8 +488,8 @@ class LiveState:
 
     def _device_sort_key(self, d: DeviceState, sort: str) -> tuple[object, ...]:
         if sort == "phase":  # training, inference, other, idle, unknown; the most confident first
-            phase = self._shown_phase(d)
-            view = None if is_host_device(d.info) else self._phases.get(d.info.uuid)
+            view = self._phase_view(d)
+            phase = view.phase if view is not None else ""
             rank = PHASES.index(phase) if phase in PHASES else len(PHASES)
             conf = view.confidence if view and math.isfinite(view.confidence) else 1.0 if phase else 0.0
             return (rank, -conf, d.order)
@@ -480,10 +499,9 @@ class LiveState:
         text = _device_search_text(d)
         if d is None:
             return text
-        label = self._hook_phase(d)[0] if is_host_device(d.info) else ""
-        phase = label or self._shown_phase(d)
-        if phase:
-            text += f" {phase}"
+        view = self._phase_view(d)
+        if view is not None and view.label:
+            text += f" {view.label}"
         if self._is_idle_held(d):
             text += " idle-held idle·held"
         return text
@@ -506,32 +524,29 @@ class LiveState:
         busiest = max(names, key=lambda ph: cpu[ph])
         return "+".join(names), busiest
 
+    def _phase_view(self, dev: DeviceState) -> PhaseView | None:
+        """The device's phase as every view shows, sorts, filters and meters it (caller holds the lock):
+        the classifier's, or for a `phase_from_hooks` device its hooks' (None while none report)."""
+        if not phase_from_hooks(dev.info):
+            return self._phases.get(dev.info.uuid)
+        label, busiest = self._hook_phase(dev)
+        return PhaseView(busiest, math.nan, math.nan, hooks_label=label) if label else None
+
     def _shown_phase(self, dev: DeviceState) -> str:
-        """The one phase that stands for the device: the classifier's, or for the host its hooks' busiest."""
-        if is_host_device(dev.info):
-            return self._hook_phase(dev)[1]
-        view = self._phases.get(dev.info.uuid)
+        view = self._phase_view(dev)
         return view.phase if view is not None else ""
 
     def _metered_phases(self) -> dict[str, str]:
-        """uuid -> the phase label its energy and time go under this tick (caller holds the lock)."""
-        out = {u: v.phase for u, v in self._phases.items()}
-        for u, d in self._devices.items():
-            if is_host_device(d.info):
-                label = self._hook_phase(d)[0]
-                if label:
-                    out[u] = label
-                else:
-                    out.pop(u, None)  # "unknown": the classifier's verdict on CPU load means nothing
-        return out
+        """uuid -> the phase label its energy and time go under this tick; none: "unknown" (caller holds
+        the lock)."""
+        views = ((u, self._phase_view(d)) for u, d in self._devices.items())
+        return {u: v.label for u, v in views if v is not None}
 
-    def _phase_cell(self, dev: DeviceState) -> tuple[str, str]:
-        if is_host_device(dev.info):
-            label, badge = self._hook_phase(dev)
-            return (label + HOOKS_MARK, badge) if label else (MISSING, "")
-        view = self._phases.get(dev.info.uuid)
+    def _phase_cell(self, view: PhaseView | None) -> tuple[str, str]:
         if view is None:
             return MISSING, ""
+        if view.hooks_label:
+            return view.hooks_label + HOOKS_MARK, view.phase
         conf = f" {view.confidence * 100:.0f}%" if math.isfinite(view.confidence) else ""
         return f"{view.phase}{conf}{HELD_MARK if view.held else ''}", view.phase
 
@@ -570,12 +585,9 @@ class LiveState:
         power_hi = limit if math.isfinite(limit) else None  # else: scale to the peak in the history
         power_hist = dev.history.column(SIGNAL_COLUMN["power"])
         cells["spark_power"] = sparkline(power_hist, SPARK_WIDTH, 0.0, power_hi)
-        cells["phase"], phase = self._phase_cell(dev)
-        # Which side of the KPIs to show: the hooks' phase; on a host with none, the annotator's phase only
-        # picks the side (never shown as the host's phase).
-        view = self._phases.get(dev.info.uuid)
-        side = phase or (view.phase if view is not None else "")
-        cells["kpi"] = kpi_text(self._kpis.get(dev.info.uuid), side)
+        view = self._phase_view(dev)
+        cells["phase"], phase = self._phase_cell(view)
+        cells["kpi"] = kpi_text(self._kpis.get(dev.info.uuid), phase)  # the side of the phase shown
         cells["energy"] = self._energy_cell(dev.info.uuid)
         idle_held = self._is_idle_held(dev)
         notes = [IDLE_HELD] if idle_held else []
@@ -587,7 +599,7 @@ class LiveState:
             notes.append("NO DATA")  # e.g. NVML marked it lost: the source keeps the row, all NaN
         if dev.info.parent_uuid:
             notes.append("MIG")
-        if is_host_device(dev.info) and cells["phase"] == MISSING:
+        if view is None and phase_from_hooks(dev.info):
             notes.append(HOST_NO_PHASE)
         if dev.processes:
             notes.append(f"{len(dev.processes)} proc")
@@ -619,8 +631,8 @@ class LiveState:
             cells["phase"] = hook_phase + HOOKS_MARK
         kpis = self._proc_kpis.get(p.pid)
         if kpis:
-            view = self._phases.get(uuid)
-            cells["kpi"] = kpi_text(kpis, hook_phase or (view.phase if view else ""))
+            dev = self._devices.get(uuid)
+            cells["kpi"] = kpi_text(kpis, hook_phase or (self._shown_phase(dev) if dev else ""))
         return Row("process", f"{uuid}/{p.pid}", uuid, cells, hook_phase)
 
 
