@@ -6,8 +6,10 @@ hooks, torch.profiler, and two no-op global module hooks (what torch charges for
 module call takes `_call_impl`'s slow path; phasescope keeps its global hook out of torch's dict during root
 calls, so only the root pays for hooks). `--compare-with FILE` adds another version of
 phasescope/instrument/hooks.py as a fifth mode, e.g. the committed one
-(`git show HEAD:src/phasescope/instrument/hooks.py > /tmp/old_hooks.py`), so a change is measured paired, in
-the same conditions. Each repetition runs one block of calls per mode, in a shuffled order (interleaved, so
+(`git show HEAD:src/phasescope/instrument/hooks.py > /tmp/old/hooks.py`; with an events.py in the same folder,
+`git show HEAD:src/phasescope/instrument/events.py > /tmp/old/events.py`, that copy writes its own event
+format), so a change is measured paired, in the same conditions.
+Each repetition runs one block of calls per mode, in a shuffled order (interleaved, so
 drift and neighbours hit every mode alike); each block starts with one untimed call (after install(), the
 hooks' first call hooks the root again, a cost a real run pays once).
 Time is this thread's CPU time (`time.thread_time`): torch runs single-threaded here, so the figure is the
@@ -20,8 +22,8 @@ The hooks' one-off FLOP and memory sample is taken during warm-up, as it would b
 
 A mode that could not hook a root (its hook dicts were left by another version) is named in a warning.
 `--floors REPS` instead times the inference call with phasescope's hooks against root mode's bare structure
-(the same three hooks doing nothing, then appending the two event rows), to split the cost between torch's
-dispatch of the hooks and the hooks' own work.
+(the same three hooks doing nothing, then writing one event row per call as phasescope does, or two as its
+version 1 event format did), to split the cost between torch's dispatch of the hooks and the hooks' own work.
 
     .venv/bin/python benchmarks/bench_hooks.py [--reps 15] [--block 20] [--fine-reps 400]
         [--compare-with FILE] [--floors REPS]
@@ -33,6 +35,7 @@ import argparse
 import importlib.util
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -283,12 +286,15 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder,
             "model": model}
 
 
-def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None) -> Callable[[], None]:
+def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None,
+                    two_rows: bool = False) -> Callable[[], None]:
     """Root mode's structure with hooks that do (almost) nothing: a global pre hook that leaves torch's dict
     during the root call, the root's own pre hook and its own always-called forward hook (3 Python frames per
-    root call). With `rows`, each of the root's hooks also appends one event row, as phasescope's do."""
+    root call). With `rows`, the pre hook takes the start time and the forward hook appends one event row,
+    as phasescope's do; `two_rows`: each appends a row (the version 1 event format)."""
     gdict = torch.nn.modules.module._global_forward_pre_hooks
     now = time.monotonic
+    start = [0.0]
 
     def finder(m: nn.Module, a: object) -> None:
         gdict.pop(gid, None)
@@ -299,11 +305,17 @@ def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None) -> C
 
     def pre(m: nn.Module, a: object) -> None:
         if rows is not None:
-            rows.append((1.0, now(), 0, 1, 0.0, 0.0, 0.0))
+            if two_rows:
+                rows.append((1.0, now(), 0, 1, 0.0, 0.0, 0.0))
+            else:
+                start[0] = now()
 
     def post(m: nn.Module, a: object, k: object, o: object = None) -> None:
         if rows is not None:
-            rows.append((2.0, now(), 0, 1, 96, 0, 3))
+            if two_rows:
+                rows.append((2.0, now(), 0, 1, 96, 0, 3))
+            else:
+                rows.append((10.0, start[0], 0, 1, 96, 0, 3, now()))
         gdict[gid] = hook
 
     own = [model.register_forward_pre_hook(pre),
@@ -342,7 +354,8 @@ def floors(reps: int, rng: random.Random) -> None:
         "plain": lambda: lambda: None,
         "phasescope": hooks,
         "3 no-op frames": lambda: _noop_root_mode(model, None),
-        "3 no-op frames + 2 rows": lambda: _noop_root_mode(model, rows),
+        "3 no-op frames + 1 row": lambda: _noop_root_mode(model, rows),
+        "3 no-op frames + 2 rows (version 1 format)": lambda: _noop_root_mode(model, rows, two_rows=True),
     }
     times: dict[str, list[float]] = {m: [] for m in setups}
     for _ in range(reps):
@@ -365,15 +378,32 @@ def floors(reps: int, rng: random.Random) -> None:
               f"({extra * 1e6:.1f} us per call)")
 
 
-def _load_recorder(path: Path) -> Any:
-    if not path.is_file():
-        raise SystemExit(f"--compare-with: {path} is not a file (expected a copy of hooks.py)")
-    spec = importlib.util.spec_from_file_location("compared_hooks", path)
+def _import(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--compare-with: cannot import {path} as a Python module")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
-    return mod.Recorder
+    return mod
+
+
+def _load_recorder(path: Path) -> Any:
+    """The Recorder of another hooks.py; an events.py next to it is the event format that copy writes (its
+    rows must match the buffer that compacts them), used in place of phasescope's own while it is imported."""
+    if not path.is_file():
+        raise SystemExit(f"--compare-with: {path} is not a file (expected a copy of hooks.py)")
+    events_py = path.with_name("events.py")
+    if not events_py.is_file():
+        return _import(path, "compared_hooks").Recorder
+    import phasescope.instrument as package
+
+    own = package.events
+    package.events = _import(events_py, "compared_events")  # what `from ... import events as ev` binds
+    try:
+        return _import(path, "compared_hooks").Recorder
+    finally:
+        package.events = own
 
 
 def main() -> None:

@@ -28,9 +28,13 @@ def test_chunks_round_trip_with_wall_clock(tmp_path: Path) -> None:
         rec.uninstall()  # writes the second chunk
     (pe,) = ev.load_events(tmp_path)
     assert len(list(tmp_path.glob("events-*.npz"))) == 2
-    assert pe.rows.shape == (4, ev.ROW)
+    assert pe.rows.shape == (2, ev.ROW)  # one row per forward, written when it ends
     assert len(rec.buffer) == 0  # flushed rows leave memory
-    wall = pe.rows[:, 1] + pe.wall_offset
+    kind, t0, root, idx, batch, seq, flags, t1 = pe.rows.T
+    assert (kind == ev.FWD).all() and (t0 < t1).all() and t1[0] <= t0[1]
+    assert root.tolist() == [0, 0] and idx.tolist() == [0, 1] and batch.tolist() == [3, 3]
+    assert seq.tolist() == [0, 0] and flags.tolist() == [ev.MODULE_TRAINING] * 2  # no_grad, train() mode
+    wall = pe.rows[:, 7] + pe.wall_offset
     import time
 
     assert abs(wall[-1] - time.time()) < 5.0
@@ -59,7 +63,7 @@ def test_corrupt_chunk_is_one_line(tmp_path: Path) -> None:
 
 def test_wrong_shape_and_format(tmp_path: Path) -> None:
     ev.write_chunk(tmp_path, 8, 0, np.zeros((2, 3)), {})
-    with pytest.raises(InputError, match=r"shape \(n, 7\)"):
+    with pytest.raises(InputError, match=r"shape \(n, 8\)"):
         ev.load_events(tmp_path)
     other = tmp_path / "b"
     other.mkdir()

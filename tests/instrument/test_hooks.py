@@ -474,9 +474,31 @@ def test_uninstall_gives_roots_plain_hook_dicts_back() -> None:
 
 
 
-def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward() -> None:
+def test_lock_free_thread_count_is_threadings() -> None:
+    """The hot path counts threads as len(threading._limbo) + len(threading._active), without the lock."""
+    from phasescope.instrument import hooks
+
+    assert len(hooks._LIMBO) + len(hooks._ACTIVE) == threading.active_count()
+    go = threading.Event()
+    t = threading.Thread(target=go.wait)
+    t.start()
+    try:
+        assert len(hooks._LIMBO) + len(hooks._ACTIVE) == threading.active_count()
+    finally:
+        go.set()
+        t.join()
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward(
+        fallback: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The finder must stay in torch's dict while a thread started after install() may call modules, even
-    before that thread has reached one of phasescope's hooks."""
+    before that thread has reached one of phasescope's hooks (also where threading has no _limbo/_active)."""
+    if fallback:
+        from phasescope.instrument import hooks
+
+        monkeypatch.setattr(hooks, "_LIMBO", hooks._ActiveCount())
+        monkeypatch.setattr(hooks, "_ACTIVE", {})
     inside, release = threading.Event(), threading.Event()
 
     class Waits(nn.Module):
@@ -521,19 +543,29 @@ def test_keyboard_interrupt_in_a_forward_does_not_stop_recording() -> None:
 
     model = Interrupted()
     mm = torch.nn.modules.module
+    spans = []  # (before, after) each completed call, to check each forward's own start and end
     with recording() as rec, torch.no_grad():
+        t = monotonic()
         model(torch.randn(1, 8))
+        spans.append((t, monotonic()))
         model.boom = True
         with pytest.raises(KeyboardInterrupt):
             model(torch.randn(1, 8))
         model.boom = False
         for _ in range(3):
+            t = monotonic()
             model(torch.randn(2, 8))
+            spans.append((t, monotonic()))
         assert rec._gid in mm._global_forward_pre_hooks  # the finder is back between root calls
+        t = monotonic()
         nn.Linear(8, 2)(torch.randn(3, 8))
+        spans.append((t, monotonic()))
     tl = timeline(rec)
     assert [rec.roots[r]["name"] for r in tl.f_root] == ["Interrupted"] * 4 + ["Linear"]
     assert tl.f_batch.tolist() == [1, 2, 2, 2, 3]
+    # The interrupted call leaves no row, and its start does not leak into the next call's row.
+    before, after = np.array(spans).T
+    assert (before <= tl.f_t0).all() and (tl.f_t0 <= tl.f_t1).all() and (tl.f_t1 <= after).all()
 
 
 def test_forward_hook_called_with_three_arguments_reads_as_raised() -> None:

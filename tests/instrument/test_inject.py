@@ -28,7 +28,7 @@ def test_hooks_installed_when_program_imports_torch(tmp_path: Path) -> None:
     proc = _run(code, env)
     assert proc.returncode == 0, proc.stderr
     (pe,) = ev.load_events(tmp_path / "events")
-    assert (pe.rows[:, 0] == ev.FWD_END).sum() == 1
+    assert (pe.rows[:, 0] == ev.FWD).sum() == 1
 
 
 def test_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:

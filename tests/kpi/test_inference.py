@@ -34,7 +34,7 @@ def test_batch_loops_are_not_generations() -> None:
 def _requests(latencies: list[float], gap: float, batch: int = 4) -> ev.ProcessEvents:
     rows, t = [], 50.0
     for i, lat in enumerate(latencies):
-        rows += [[ev.FWD_BEGIN, t, 0, i, 0, 0, 0], [ev.FWD_END, t + lat, 0, i, batch, 0, ev.INFERENCE_MODE]]
+        rows.append([ev.FWD, t, 0, i, batch, 0, ev.INFERENCE_MODE, t + lat])
         t += lat + gap
     meta = {"roots": [{"name": "M", "mode_sensitive_layers": []}]}
     return ev.ProcessEvents(1, np.array(rows, float), 0.0, meta)

@@ -17,8 +17,8 @@ META = {"roots": [{"name": "M", "params": 10, "param_bytes": 40, "dtype": "float
 
 
 def _row(kind: float, t: float, a: float = 0, b: float = 0, c: float = 0, d: float = 0,
-         f: int = 0) -> list[float]:
-    return [kind, t, a, b, c, d, float(f)]
+         f: int = 0, e: float = 0) -> list[float]:
+    return [kind, t, a, b, c, d, float(f), e]
 
 
 def training_log(steps: int, load_s: float = 1.0, fwd_s: float = 1.0, bwd_s: float = 1.0,
@@ -29,7 +29,7 @@ def training_log(steps: int, load_s: float = 1.0, fwd_s: float = 1.0, bwd_s: flo
     flags = ev.GRAD_ENABLED | ev.MODULE_TRAINING | ev.HAS_GRAPH | (ev.TOKEN_INPUT if seq else 0)
     for k in range(steps):
         t += load_s
-        rows += [_row(ev.FWD_BEGIN, t, 0, k), _row(ev.FWD_END, t + fwd_s, 0, k, batch, seq, flags)]
+        rows.append(_row(ev.FWD, t, 0, k, batch, seq, flags, t + fwd_s))
         t += fwd_s
         rows += [_row(ev.BWD_BEGIN, t, k), _row(ev.BWD_FWD, t, k), _row(ev.BWD_END, t + bwd_s)]
         t += bwd_s
@@ -74,14 +74,15 @@ def test_eval_between_steps_splits_the_timeline() -> None:
     rows = pe.rows.tolist()
     t = max(r[1] for r in rows) + 0.5
     for i in range(3):  # evaluation forwards under no_grad
-        rows += [_row(ev.FWD_BEGIN, t, 0, 100 + i), _row(ev.FWD_END, t + 0.1, 0, 100 + i, 8, 0, 0)]
+        rows.append(_row(ev.FWD, t, 0, 100 + i, 8, 0, 0, t + 0.1))
         t += 0.2
     pe.rows = np.array(rows)
     later = training_log(2)
     shift = t + 1 - later.rows[:, 1].min()
     extra = later.rows.copy()
     extra[:, 1] += shift
-    extra[:, 3] = np.where(np.isin(extra[:, 0], (ev.FWD_BEGIN, ev.FWD_END)), extra[:, 3] + 200, extra[:, 3])
+    extra[:, 7] = np.where(extra[:, 0] == ev.FWD, extra[:, 7] + shift, extra[:, 7])  # a forward's end
+    extra[:, 3] = np.where(extra[:, 0] == ev.FWD, extra[:, 3] + 200, extra[:, 3])
     extra[:, 2] = np.where(extra[:, 0] == ev.BWD_FWD, extra[:, 2] + 200, extra[:, 2])
     extra[:, 2] = np.where(extra[:, 0] == ev.BWD_BEGIN, extra[:, 2] + 200, extra[:, 2])
     extra[:, 3] = np.where(np.isin(extra[:, 0], (ev.OPT_BEGIN, ev.OPT_END)), extra[:, 3] + 2, extra[:, 3])
@@ -93,6 +94,43 @@ def test_eval_between_steps_splits_the_timeline() -> None:
     assert k is not None and k["steps"] == 4
     # Step time is measured only between steps of one stretch, never across the evaluation.
     assert k["step_time_p50_s"] == pytest.approx(3.5)
+
+
+def _version1(rows: np.ndarray) -> np.ndarray:
+    """The same events as a version 1 log wrote them: seven columns, each forward a FWD_BEGIN row and a
+    FWD_END row (begins in start order, ends in end order, among the other rows)."""
+    out = []
+    for r in rows.tolist():
+        if r[0] == ev.FWD:
+            out.append(([ev.FWD_BEGIN, r[1], r[2], r[3], 0, 0, 0], r[1]))
+            out.append(([ev.FWD_END, r[7], r[2], r[3], r[4], r[5], r[6]], r[7]))
+        else:
+            out.append((r[:7], r[1]))
+    out.sort(key=lambda x: x[1])
+    return np.array([r for r, _ in out])
+
+
+def test_version1_log_builds_the_same_timeline(tmp_path: Path) -> None:
+    pe = training_log(3, batch=8, seq=16)
+    rows = pe.rows.tolist()
+    t = max(r[1] for r in rows) + 0.5
+    rows.append(_row(ev.FWD, t, 0, 50, 4, 0, ev.INFERENCE_MODE, t + 0.3))  # an evaluation forward
+    pe.rows = np.array(rows)
+    old = tmp_path / "v1"
+    old.mkdir()
+    with open(old / "events-1-000000.npz", "wb") as fh:
+        np.savez(fh, rows=_version1(pe.rows), anchor=np.array([1000.0, 0.0]))
+    (old / "meta-1.json").write_text(json.dumps({"format": ev.FORMAT, "version": 1, "pid": 1,
+                                                 "anchor": [1000.0, 0.0], **META}))
+    (pe1,) = ev.load_events(old)
+    assert pe1.rows.shape[1] == ev.ROW
+    new, legacy = build(pe), build(pe1)
+    assert legacy.f_idx.size == new.f_idx.size == 4
+    for name in ("f_idx", "f_root", "f_t0", "f_t1", "f_batch", "f_seq", "f_flags", "f_trained", "w_t0",
+                 "w_t1"):
+        np.testing.assert_array_equal(getattr(legacy, name), getattr(new, name), err_msg=name)
+    assert [(s.phase, s.steps, s.forwards) for s in legacy.segments] == [
+        ("training", 3, 3), ("inference", 0, 1)]
 
 
 def test_idle_gap_becomes_an_idle_segment() -> None:

@@ -1,8 +1,9 @@
 """The hook event log: one flat float64 buffer of fixed-width rows, written to disk as .npz chunks.
 
-A row is (kind, t, a, b, c, d, flags). One `list.append(tuple)` per event keeps the hot path to a single
+A row is (kind, t, a, b, c, d, flags, e). One `list.append(tuple)` per event keeps the hot path to a single
 C call (atomic under the GIL, so a flushing thread never sees half a row); a background thread compacts the
-tuples into float64 arrays.
+tuples into float64 arrays. A forward (one outermost module call) is one row, written when it ends, with
+its start in `t` and its end in `e`.
 `t` is `time.monotonic()`; each chunk carries the (wall, monotonic) anchor taken when it was written, so
 readers map events to Unix time, the clock telemetry uses.
 """
@@ -23,11 +24,14 @@ import numpy.typing as npt
 
 from phasescope.errors import InputError
 
-ROW = 7  # kind, t, a, b, c, d, flags
+ROW = 8  # kind, t, a, b, c, d, flags, e
+ROW_V1 = 7  # version 1 logs: no `e` column, a forward written as FWD_BEGIN + FWD_END rows
 
-# Event kinds (column 0). Meaning of a, b, c, d per kind:
-FWD_BEGIN = 1.0  # a=root id, b=forward index
-FWD_END = 2.0  # a=root id, b=forward index, c=batch size, d=sequence length (token inputs), flags
+# Event kinds (column 0). Meaning of t, a, b, c, d, e per kind (t: when the event happened, unless stated):
+# FWD: t=start, a=root id, b=forward index, c=batch size, d=sequence length (token inputs), flags, e=end
+FWD = 10.0
+FWD_BEGIN = 1.0  # version 1 only: a=root id, b=forward index
+FWD_END = 2.0  # version 1 only: a=root id, b=forward index, c=batch size, d=sequence length, flags
 BWD_BEGIN = 3.0  # a=forward index of the first graph reached
 BWD_FWD = 4.0  # a=forward index whose output graph the backward pass reached
 BWD_END = 5.0
@@ -36,7 +40,7 @@ OPT_END = 7.0  # a=optimizer id, b=step number
 FLOP_SAMPLE_BEGIN = 8.0  # a=optimizer id, b=step number the sample covers
 FLOP_SAMPLE_END = 9.0  # a=optimizer id, b=step number
 
-# Bits of `flags` on FWD_END: the autograd and module state the forward ran under.
+# Bits of `flags` on FWD (version 1: FWD_END): the autograd and module state the forward ran under.
 GRAD_ENABLED = 1
 INFERENCE_MODE = 2
 MODULE_TRAINING = 4
@@ -47,7 +51,7 @@ RAISED = 32  # the forward raised an exception
 EVENTS_DIR_ENV = "PHASESCOPE_EVENTS_DIR"
 FLUSH_ENV = "PHASESCOPE_FLUSH_S"
 FORMAT = "phasescope-hook-events"
-VERSION = 1
+VERSION = 2  # 1: seven columns, FWD_BEGIN / FWD_END rows (still read)
 
 
 def device_for_host() -> str:
@@ -59,7 +63,7 @@ class EventBuffer:
     of a tuple costs ~300 ns), compacted into float64 chunks off the hot path.
 
     `compact()` (the recorder's background thread, every flush interval) turns the appended tuples into one
-    (n, ROW) array, so a long run holds 56 bytes per event, not Python objects. `take_new()` hands back the
+    (n, ROW) array, so a long run holds 64 bytes per event, not Python objects. `take_new()` hands back the
     rows not taken yet and drops them from memory (a flushed log lives on disk); `snapshot()` copies all.
     Appends are single C calls under the GIL, and compaction slices off only the first n rows it counted,
     so rows appended meanwhile by any thread stay.
@@ -134,6 +138,20 @@ def write_chunk(directory: Path, pid: int, seq: int, rows: npt.NDArray[np.float6
     os.replace(tmpj, directory / f"meta-{pid}.json")
 
 
+def read_rows(chunk: Path) -> npt.NDArray[np.float64]:
+    """One .npz chunk's rows as (n, ROW) float64; a version 1 chunk (seven columns) gets a zero `e` column."""
+    try:
+        with np.load(chunk, allow_pickle=False) as z:
+            rows = np.asarray(z["rows"], dtype=np.float64)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(chunk, "events", "an .npz chunk with a 'rows' array", str(exc)) from exc
+    if rows.ndim == 2 and rows.shape[1] == ROW_V1:
+        rows = np.concatenate([rows, np.zeros((rows.shape[0], ROW - ROW_V1))], axis=1)
+    if rows.ndim != 2 or rows.shape[1] != ROW:
+        raise InputError(chunk, "rows", f"shape (n, {ROW}) (version 1: (n, {ROW_V1}))", rows.shape)
+    return rows
+
+
 def load_events(directory: str | Path) -> list[ProcessEvents]:
     """Read every process's events from an events directory (what `phasescope run` hands the child)."""
     root = Path(directory)
@@ -149,16 +167,7 @@ def load_events(directory: str | Path) -> list[ProcessEvents]:
         if meta.get("format") != FORMAT:
             raise InputError(meta_path, "format", FORMAT, meta.get("format"))
         pid = int(meta["pid"])
-        chunks = []
-        for chunk in sorted(root.glob(f"events-{pid}-*.npz")):
-            try:
-                with np.load(chunk, allow_pickle=False) as z:
-                    rows = np.asarray(z["rows"], dtype=np.float64)
-            except (OSError, ValueError, KeyError) as exc:
-                raise InputError(chunk, "events", "an .npz chunk with a 'rows' array", str(exc)) from exc
-            if rows.ndim != 2 or rows.shape[1] != ROW:
-                raise InputError(chunk, "rows", f"shape (n, {ROW})", rows.shape)
-            chunks.append(rows)
+        chunks = [read_rows(chunk) for chunk in sorted(root.glob(f"events-{pid}-*.npz"))]
         rows = np.concatenate(chunks) if chunks else np.empty((0, ROW))
         anchor = meta.get("anchor") or [time.time(), time.monotonic()]
         out.append(ProcessEvents(pid, rows, float(anchor[0]) - float(anchor[1]), meta))

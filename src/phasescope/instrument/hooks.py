@@ -42,12 +42,29 @@ from phasescope.instrument import events as ev
 
 _RAISED: Any = object()  # sentinel: torch called the forward hook on the exception path
 # Module-level names for the hot path (a global lookup instead of an attribute lookup per event).
-_FWD_BEGIN, _FWD_END = ev.FWD_BEGIN, ev.FWD_END
+_FWD = ev.FWD
 _GRAD_ENABLED, _INFERENCE_MODE, _MODULE_TRAINING = ev.GRAD_ENABLED, ev.INFERENCE_MODE, ev.MODULE_TRAINING
 _TOKEN_INPUT, _HAS_GRAPH, _RAISED_FLAG = ev.TOKEN_INPUT, ev.HAS_GRAPH, ev.RAISED
 is_grad_enabled = torch.is_grad_enabled
 is_inference_mode_enabled = torch.is_inference_mode_enabled
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32, torch.int16})
+
+
+class _ActiveCount:
+    """len() is threading.active_count(): stands in for threading's dicts where this Python has none."""
+
+    def __len__(self) -> int:
+        return threading.active_count()
+
+
+# `len(_LIMBO) + len(_ACTIVE)` is threading.active_count() without its lock and Python frame (~300 ns a root
+# call; two len() ~50 ns). _LIMBO is read first: a thread moving from _limbo to _active meanwhile is counted
+# twice, never missed.
+_LIMBO: Any = getattr(threading, "_limbo", None)
+_ACTIVE: Any = getattr(threading, "_active", None)
+if type(_LIMBO) is not dict or type(_ACTIVE) is not dict:
+    _LIMBO, _ACTIVE = _ActiveCount(), {}
+
 # Layers whose forward differs between train() and eval(): what makes a mode bug a real bug.
 _MODE_SENSITIVE: tuple[type[torch.nn.Module], ...] = (
     torch.nn.modules.dropout._DropoutNd,
@@ -132,14 +149,16 @@ def _tensor_bytes(t: Tensor) -> int:
 class _ThreadState:
     """One thread's place in the forward calls (slots: ~20 ns an access; threading.local: ~130 ns)."""
 
-    __slots__ = ("cur", "frame", "gmode", "pending", "root", "same")
+    __slots__ = ("frame", "gmode", "idx", "pending", "rid", "root", "same", "t0")
 
     def __init__(self) -> None:
         self.root: torch.nn.Module | None = None  # the module of the root call running, None between calls
         self.same = 0  # how many times that module has called itself
         self.gmode = False  # the global hooks follow this call (a root that could not be hooked)
         self.pending: torch.nn.Module | None = None  # a root whose own pre hook may still run for this call
-        self.cur: tuple[int, int] = (-1, -1)  # (root id, forward index)
+        self.rid = -1  # root id, forward index and start (monotonic) of that call
+        self.idx = -1
+        self.t0 = 0.0
         # The root call's caller frame: gone from the stack once a BaseException (KeyboardInterrupt) ended
         # the call without torch's always-call hooks, which catch Exception only.
         self.frame: Any = None
@@ -224,7 +243,7 @@ class Recorder:
             self._stop = threading.Event()
             self._flusher = threading.Thread(target=self._flush_loop, name="phasescope-flush", daemon=True)
             self._flusher.start()
-        self._threads0 = threading.active_count()
+        self._threads0 = len(_LIMBO) + len(_ACTIVE)
 
     def uninstall(self) -> None:
         self._armed = False  # a root call still running must not put the finder back
@@ -304,6 +323,10 @@ class Recorder:
 
     def _find_root(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         """Global pre hook: in torch's dict only between root calls (or always, once two threads call)."""
+        # Fast path, one thread: a known root with its own hooks; its pre hook, next in this call, begins it.
+        rid = self._roots.get(id(module))
+        if rid is not None and not self._multi and self._hooked[rid] and self._root_refs[rid]() is module:
+            return
         try:
             st = self._tl.st
         except AttributeError:
@@ -367,7 +390,8 @@ class Recorder:
         st.root = module
         st.same = 0
         st.gmode = gmode
-        st.cur = (rid, idx)
+        st.rid = rid
+        st.idx = idx
         st.frame = caller if caller is not None else sys._getframe(1)
         if gmode:  # the global forward hook is in torch's dict only while such calls run
             with self._lock:
@@ -375,13 +399,13 @@ class Recorder:
                 if self._global_post is None:
                     self._global_post = nn_module.register_module_forward_hook(
                         self._global_end, with_kwargs=True, always_call=True)
-        elif not self._multi and self._gdict is not None and threading.active_count() <= self._threads0:
+        elif not self._multi and self._gdict is not None and len(_LIMBO) + len(_ACTIVE) <= self._threads0:
             self._gdict.pop(self._gid, None)  # submodules of this call take torch's fast path
         if self._unsampled and rid in self._unsampled and self._saved_ctx is None and is_grad_enabled():
             with self._lock:  # one sample at a time, in one thread
                 if self._saved_ctx is None and rid in self._unsampled:
                     self._start_saved_sample(rid)
-        self._emit((_FWD_BEGIN, monotonic(), rid, idx, 0.0, 0.0, 0.0))
+        st.t0 = monotonic()  # the call's one row is written when it ends
 
     def _global_end(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs_or_out: Any,
                     out: Any = _RAISED) -> None:
@@ -415,7 +439,8 @@ class Recorder:
             st.same -= 1
             return
         st.root = st.pending = st.frame = None  # the frame holds the call's inputs and outputs
-        rid, idx = st.cur
+        rid = st.rid
+        idx = st.idx
         if out is None and not gmode and sys.exc_info()[0] is not None:
             out = _RAISED  # torch's exception path passes result=None to a module's own hooks
         flags = 0
@@ -446,7 +471,7 @@ class Recorder:
             self._end_saved_sample()
         if self._gdict is not None and self._armed:
             self._gdict[self._gid] = self._finder  # between root calls, the finder looks for new roots
-        self._emit((_FWD_END, t, rid, idx, batch, seq, flags))
+        self._emit((_FWD, st.t0, rid, idx, batch, seq, flags, t))
 
     def _hook_root(self, module: torch.nn.Module, rid: int) -> bool:
         """Give a root its own pre and forward hooks; False (global mode) where that cannot be done."""
@@ -541,16 +566,16 @@ class Recorder:
         t = monotonic()
         if not self._in_bwd:
             self._in_bwd = True
-            self._emit((ev.BWD_BEGIN, t, idx, 0.0, 0.0, 0.0, 0.0))
+            self._emit((ev.BWD_BEGIN, t, idx, 0.0, 0.0, 0.0, 0.0, 0.0))
             try:
                 self._engine.queue_callback(self._on_backward_end)  # type: ignore[union-attr]
             except Exception:
                 self._on_backward_end()
-        self._emit((ev.BWD_FWD, t, idx, 0.0, 0.0, 0.0, 0.0))
+        self._emit((ev.BWD_FWD, t, idx, 0.0, 0.0, 0.0, 0.0, 0.0))
 
     def _on_backward_end(self) -> None:
         self._in_bwd = False
-        self._emit((ev.BWD_END, monotonic(), 0.0, 0.0, 0.0, 0.0, 0.0))
+        self._emit((ev.BWD_END, monotonic(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
 
     # ----- optimizer ----------------------------------------------------------------------------
     def _opt_id(self, opt: torch.optim.Optimizer) -> int:
@@ -568,14 +593,14 @@ class Recorder:
 
     def _opt_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         oid = self._opt_id(opt)
-        self._emit((ev.OPT_BEGIN, monotonic(), oid, self._opt_steps[oid], 0.0, 0.0, 0.0))
+        self._emit((ev.OPT_BEGIN, monotonic(), oid, self._opt_steps[oid], 0.0, 0.0, 0.0, 0.0))
 
     def _opt_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t = monotonic()
         oid = self._opt_id(opt)
         step = self._opt_steps[oid]
         self._opt_steps[oid] = step + 1
-        self._emit((ev.OPT_END, t, oid, step, 0.0, 0.0, 0.0))
+        self._emit((ev.OPT_END, t, oid, step, 0.0, 0.0, 0.0, 0.0))
         if oid == 0:
             if self._flop_mode is not None and step == self.flop_sample_step:
                 self._end_flop_sample(record=True, opt=opt, step=step)
@@ -594,7 +619,7 @@ class Recorder:
             self.flop_sample = {"error": f"{type(exc).__name__}: {exc}"}
             return
         self._flop_mode = mode
-        self._emit((ev.FLOP_SAMPLE_BEGIN, monotonic(), 0.0, step, 0.0, 0.0, 0.0))
+        self._emit((ev.FLOP_SAMPLE_BEGIN, monotonic(), 0.0, step, 0.0, 0.0, 0.0, 0.0))
 
     def _end_flop_sample(self, record: bool, opt: torch.optim.Optimizer | None = None,
                          step: int = -1) -> None:
@@ -610,7 +635,7 @@ class Recorder:
             return
         if not record:
             return
-        self._emit((ev.FLOP_SAMPLE_END, monotonic(), 0.0, step, 0.0, 0.0, 0.0))
+        self._emit((ev.FLOP_SAMPLE_END, monotonic(), 0.0, step, 0.0, 0.0, 0.0, 0.0))
         self.flop_sample = {"step": step, "flops": flops, "autocast": self._autocast_dtype()}
         if opt is not None:
             self.memory_sample = self._optimizer_memory(opt)

@@ -101,17 +101,28 @@ def _pair_by_key(begin: F64, end: F64, key_col: int) -> tuple[I64, F64, F64]:
     return common, begin[ib, 1], end[ie, 1]
 
 
+def _forward_rows(rows: F64, kind: F64) -> F64:
+    """Every finished forward as one FWD row (t=start, e=end); a version 1 log's FWD_BEGIN / FWD_END pairs
+    are matched on the forward index and folded into such rows."""
+    fwd = rows[kind == ev.FWD]
+    fb, fe = rows[kind == ev.FWD_BEGIN], rows[kind == ev.FWD_END]
+    if not fe.size:
+        return fwd
+    idx, t0, t1 = _pair_by_key(fb, fe, 3)
+    # FWD_END rows are written in end order; re-find each forward's own row by its index.
+    order_e = np.argsort(fe[:, 3], kind="stable")
+    old = fe[order_e][np.searchsorted(fe[order_e, 3].astype(np.int64), idx)].copy()
+    old[:, 0], old[:, 1], old[:, 7] = ev.FWD, t0, t1
+    return np.concatenate([fwd, old])
+
+
 def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0, now: float | None = None) -> Timeline:
     """The timeline of one process; `now` (Unix seconds) marks a live view of a run that is still going."""
     rows = pe.rows
     kind = rows[:, 0]
-    fb, fe = rows[kind == ev.FWD_BEGIN], rows[kind == ev.FWD_END]
-    idx, t0, t1 = _pair_by_key(fb, fe, 3)
-    # FWD_END rows are written in end order; re-find each forward's own row by its index.
-    order_e = np.argsort(fe[:, 3], kind="stable")
-    end_rows = fe[order_e][np.searchsorted(fe[order_e, 3].astype(np.int64), idx)] if idx.size else fe[:0]
-    order = np.argsort(t0, kind="stable")
-    idx, t0, t1, end_rows = idx[order], t0[order], t1[order], end_rows[order]
+    fwd = _forward_rows(rows, kind)
+    fwd = fwd[np.lexsort((fwd[:, 3], fwd[:, 1]))]  # written in end order; kept in start order (then index)
+    idx, t0, t1 = fwd[:, 3].astype(np.int64), fwd[:, 1], fwd[:, 7]
     trained_ids = np.unique(rows[kind == ev.BWD_FWD, 2].astype(np.int64))
     trained = np.isin(idx, trained_ids)
 
@@ -157,8 +168,8 @@ def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0, now: float | None = No
 
     tl = Timeline(
         pid=pe.pid, device=pe.device, wall_offset=pe.wall_offset, meta=pe.meta,
-        f_idx=idx, f_root=end_rows[:, 2].astype(np.int64), f_t0=t0, f_t1=t1,
-        f_batch=end_rows[:, 4], f_seq=end_rows[:, 5], f_flags=end_rows[:, 6].astype(np.int64),
+        f_idx=idx, f_root=fwd[:, 2].astype(np.int64), f_t0=t0, f_t1=t1,
+        f_batch=fwd[:, 4], f_seq=fwd[:, 5], f_flags=fwd[:, 6].astype(np.int64),
         f_trained=trained, f_in_window=in_window, b_t0=b_t0, b_t1=b_t1,
         o_id=o_id, o_step=o_step, o_t0=o_t0, o_t1=o_t1, main_opt=main_opt,
         w_t0=w_t0, w_t1=w_t1, w_flop_sampled=sampled,
