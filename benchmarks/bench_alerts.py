@@ -108,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.window is not None:
         config = train.WindowConfig(window_s=args.window, stride_s=args.window / 2)
     subsets = onset.needed_subsets([c.trace for c in cases])
+    onset_table: onset.OnsetTable | None = None
+    table: train.WindowTable
     if args.onset:
         config = onset.onset_config()
-        table = onset.build_onset_table(cases)  # one stand-in example per alarm case
+        table = onset_table = onset.build_onset_table(cases)  # one stand-in example per alarm case
         print(f"onset table: {table.y.size} windows in {table.seconds:.1f} s", flush=True)
     else:
         table = train.build_table(examples, config)
@@ -122,8 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         return train.fit_model(table, np.array([index[id(e)] for e in exs], dtype=np.int64), subsets=subsets,
                                config=config)
 
-    def predict(model: Any, trace: Trace) -> Any:
+    def predict_whole(model: Any, trace: Trace) -> Any:
         return with_windows(model, None, args.stride).predict_trace(trace, evidence=False)
+
+    predict: alert_eval.Predictor = predict_whole
+    if onset_table is not None:
+        if args.stride != onset.ONSET_STRIDE_S:
+            ap.error(f"--onset replays the live alarm, which runs every {onset.ONSET_STRIDE_S:g} s")
+        # Each window as the live alarm judges it: on the trailing history at its tick (onset.live_windows).
+        predict = onset.case_predictor(cases, onset_table)
 
     base = decide.AlarmParams(window_s=config.window_s)
     nested = alert_eval.nested_alarm_cv(examples, cases, fit, predict, base, k=args.k, seed=args.seed,

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
 import numpy as np
 
-from phasescope.classify.alert_eval import AlarmCase, build_cases, choose_params, run_folds, score
+from phasescope.classify.alert_eval import (
+    AlarmCase,
+    build_cases,
+    choose_params,
+    preroll_from,
+    run_folds,
+    score,
+)
+from phasescope.classify.dataset import load_examples
 from phasescope.classify.decide import AlarmParams
 from phasescope.schema import DeviceInfo, Trace
 from tests.classify._subset import write_subset
@@ -83,3 +92,31 @@ def test_preroll_all_watches_non_training_from_the_file_start(shared_data: Path,
         assert b.exposure_s >= a.exposure_s + 5.0  # the pre-roll counts as non-training exposure
     # The subset's SensorGuard inference, other and idle runs all start after marker bursts.
     assert widened >= 6
+
+
+def test_every_pre_roll_starts_after_the_previous_labelled_span(shared_data: Path, tmp_path: Path) -> None:
+    """One rule for training and non-training spans (`preroll_from`): the pre-roll starts where the previous
+    labelled span on the device ends, so a labelled marker span is its own case, not a training pre-roll."""
+    run = "20260825_train_bert_node2-gpu0_s0_r01-copy"  # a marker span (other), 3 s, then training
+    rows = list(csv.DictReader((shared_data / "labels.csv").open(newline="")))
+    keep = [r for r in rows if r["run"] == run]
+    out = tmp_path / "labels.csv"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in keep:
+            w.writerow({**r, "path": str(shared_data / r["path"])})
+    marker = next(r for r in keep if r["family"] == "marker_gemm_bursts")
+    for preroll_all in (False, True):
+        cases = build_cases(out, preroll_all=preroll_all)
+        train = next(c for c in cases if c.label == "training")
+        assert train.onset is not None and train.onset_known  # the file holds telemetry before the start
+        assert float(marker["t_to"]) < train.trace.time[0] < train.onset  # watched from the marker's end
+        others = [c for c in cases if c.family == "marker_gemm_bursts"]
+        assert len(others) == 1 and others[0].trace.time[-1] <= float(marker["t_to"])
+    # The non-training rule is the same function: a span after the marker would start where it ends.
+    examples = load_examples(out)
+    ex = next(e for e in examples if e.label == "training")
+    lo, exclusive = preroll_from(ex, examples, ex.trace)
+    assert exclusive and lo == max(float(e.trace.time[-1]) for e in examples
+                                   if e.device == ex.device and e is not ex)

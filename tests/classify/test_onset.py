@@ -11,9 +11,9 @@ import pytest
 
 from phasescope.classify import onset
 from phasescope.classify.alert_eval import AlarmCase, build_cases
-from phasescope.classify.decide import AlarmParams, alarm_times, p_training
+from phasescope.classify.decide import AlarmParams, TrainingAlarm, alarm_times, p_training
 from phasescope.classify.model import PhaseModel
-from phasescope.features import window_features
+from phasescope.features import FEATURE_NAMES, window_features
 from phasescope.schema import PHASES, DeviceInfo, Trace
 from tests.classify._subset import write_subset
 
@@ -61,7 +61,7 @@ def test_onset_table_labels_straddling_windows(cases: list[AlarmCase]) -> None:
         assert (y[: np.argmax(y == TRAIN)] == OTHER).all()  # pre-roll first, then training to the end
         assert (y[np.argmax(y == TRAIN):] == TRAIN).all()
         # The first training window starts before the run: it straddles the start.
-        wf = window_features(c.trace, cfg)
+        wf = onset.live_windows(c.trace, cfg)
         assert wf.start.size == rows.size
         first = int(np.argmax(y == TRAIN))
         assert wf.start[first] < c.onset < wf.end[first]
@@ -111,3 +111,65 @@ def test_streaming_onset_alarm_fires_once_after_a_real_start(cases: list[AlarmCa
             fired_at.append(now)
     assert len(fired_at) == 1 and c.onset <= fired_at[0] <= c.onset + 60.0
     assert alarm.active
+
+
+def _live_replay(trace: Trace) -> tuple[list[float], list[np.ndarray]]:
+    """What the live path hands `OnsetAlarm` on `trace` (a tick every ONSET_STRIDE_S of data time, the last
+    HISTORY_S seconds each, as `live_classify` does), and the features of each window it then judges."""
+    alarm = onset.OnsetAlarm(onset.load_alarm_model(), AlarmParams(window_s=onset.ONSET_WINDOW_S))
+    ends: list[float] = []
+    rows: list[np.ndarray] = []
+    last_tick = -math.inf
+    for now in trace.time.tolist():
+        if now - last_tick < onset.ONSET_STRIDE_S:
+            continue
+        last_tick = now
+        history = trace.take((trace.time > now - onset.HISTORY_S) & (trace.time <= now))
+        wf = alarm.windows(history)
+        alarm.update(history)
+        if wf is not None:
+            ends += wf.end.tolist()
+            rows += list(wf.values)
+    return ends, rows
+
+
+def test_onset_table_features_are_the_live_alarms(cases: list[AlarmCase]) -> None:
+    """Every window of the table carries the features the live alarm computes for the same end time, on
+    its trailing HISTORY_S of history; not those of the whole trace (whose memory ramp counts from the
+    case's first sample)."""
+    c = max((c for c in cases if c.onset_known), key=lambda c: len(c.trace))
+    assert c.trace.time[-1] - c.trace.time[0] > 3 * onset.HISTORY_S  # long enough for the histories to differ
+    table = onset.build_onset_table([c])
+    rows = np.flatnonzero((table.ex == 0) & (table.copy == 1))
+    ends, live = _live_replay(c.trace)
+    np.testing.assert_array_equal(table.live[0].end, ends)
+    np.testing.assert_array_equal(table.X[rows], np.array(live))  # NaN where NaN
+    # Counted from the case's first sample instead (the old table), the ramp features differ late in a run.
+    late = [k for k, e in enumerate(ends) if e >= c.trace.time[0] + 2 * onset.HISTORY_S][::10][:6]
+    assert late
+    cfg = onset.onset_config()
+    whole = np.array([window_features(c.trace.slice_time(None, ends[k]), cfg).values[-1] for k in late])
+    for name in ("mem_rise_gib", "mem_plateau_s", "power_above_floor"):
+        col = FEATURE_NAMES.index(name)
+        assert not np.array_equal(whole[:, col], table.X[rows][late, col], equal_nan=True), name
+
+def test_evaluation_predicts_the_live_windows(cases: list[AlarmCase]) -> None:
+    """The nested CV's per-window probabilities are what `OnsetAlarm` would feed its CUSUM live."""
+    c = next(c for c in cases if c.onset_known)
+    table = onset.build_onset_table([c])
+    model = onset.load_alarm_model()
+    got = onset.case_predictor([c], table)(model, c.trace)
+    alarm = onset.OnsetAlarm(model, AlarmParams(window_s=onset.ONSET_WINDOW_S))
+    fed: list[tuple[float, float]] = []
+
+    class Spy(TrainingAlarm):
+        def update(self, window_end: float, p_training: float) -> bool:
+            fed.append((window_end, p_training))
+            return super().update(window_end, p_training)
+
+    alarm.alarm = Spy(alarm.params)
+    for now in onset.tick_times(c.trace.time).tolist():
+        alarm.update(onset.trailing(c.trace, now))
+    assert fed
+    np.testing.assert_array_equal(got.end, [e for e, _ in fed])
+    np.testing.assert_allclose(p_training(got), [p for _, p in fed], rtol=0, atol=1e-12)

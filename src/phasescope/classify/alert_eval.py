@@ -183,13 +183,36 @@ def choose_params(cases: Sequence[AlarmCase], base: decide.AlarmParams,
 # --- building cases from a labels table --------------------------------------------------------------
 
 
+def preroll_from(ex: Example, examples: Sequence[Example], full: Trace) -> tuple[float, bool]:
+    """Where the telemetry before a labelled span begins: (time, exclusive).
+
+    The end of the previous labelled span on the same device (exclusive: its last sample is that span's),
+    else the file's first sample. One rule for training and non-training spans alike.
+    """
+    t_from = float(ex.trace.time[0])
+    prev = [float(o.trace.time[-1]) for o in examples
+            if o is not ex and o.path == ex.path and o.device == ex.device and len(o.trace)
+            and float(o.trace.time[-1]) <= t_from]
+    return (max(prev), True) if prev else (float(full.time[0]), False)
+
+
+def preroll_trace(ex: Example, examples: Sequence[Example], full: Trace) -> Trace:
+    """The span `ex` with its pre-roll from the device's file (`preroll_from`), meta of both merged."""
+    lo, exclusive = preroll_from(ex, examples, full)
+    watched = full.slice_time(np.nextafter(lo, math.inf) if exclusive else lo, float(ex.trace.time[-1]))
+    watched.meta = {**full.meta, **ex.trace.meta}  # a copy: the file's traces are shared
+    return watched
+
+
+
 def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = None,
                 preroll_all: bool = False) -> list[AlarmCase]:
     """Alarm cases from a labels table: each labelled device span, training spans with their pre-roll.
 
-    With `preroll_all`, a non-training span is watched with its pre-roll too (from the end of the previous
-    labelled span on that device, or the file's first sample), as a live alarm would see it: a marker
-    burst followed by an inference server starting up must not look like a training run starting.
+    A pre-roll runs from the end of the previous labelled span on that device, or the file's first sample
+    (`preroll_from`). With `preroll_all`, a non-training span is watched with its pre-roll too, as a live
+    alarm would see it: a marker burst followed by an inference server starting up must not look like a
+    training run starting. Every labelled span is one case: none is watched as part of another's pre-roll.
     """
     from phasescope.sources.replay import read as default_read
 
@@ -208,38 +231,25 @@ def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = 
         return None
 
     cases: list[AlarmCase] = []
-    onsets: dict[tuple[str, str], float] = {}
-    for ex in examples:
+    for ex in examples:  # training spans first, then the rest (the order the folds and tables keep)
         if ex.label != "training" or len(ex.trace) == 0:
             continue
-        onset = float(ex.trace.time[0])
         full = full_trace(ex)
-        watched = ex.trace
-        known = False
-        if full is not None and len(full) and onset - float(full.time[0]) >= MIN_PREROLL_S:
-            watched = full.slice_time(None, float(ex.trace.time[-1]))
-            watched.meta.update(ex.trace.meta)
-            known = True
-            onsets[(ex.path, ex.device)] = min(onset, onsets.get((ex.path, ex.device), math.inf))
+        onset = float(ex.trace.time[0])
+        # A start is recorded when the file holds telemetry before it; the watched pre-roll then follows
+        # the rule every span uses, so no other labelled span is watched twice or relabelled as pre-roll.
+        known = full is not None and len(full) > 0 and onset - float(full.time[0]) >= MIN_PREROLL_S
+        watched = preroll_trace(ex, examples, full) if known and full is not None else ex.trace
         cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, onset, known))
     for ex in examples:
         if ex.label == "training" or len(ex.trace) == 0:
             continue
-        start = onsets.get((ex.path, ex.device))
-        if start is not None and float(ex.trace.time[-1]) <= start:
-            continue  # already watched as a training run's pre-roll (marker bursts before the run)
         watched, span_from = ex.trace, math.nan
         full = full_trace(ex) if preroll_all else None
         if full is not None and len(full):
-            t_from, t_to = float(ex.trace.time[0]), float(ex.trace.time[-1])
-            prev = [float(o.trace.time[-1]) for o in examples
-                    if o is not ex and o.path == ex.path and o.device == ex.device and len(o.trace)
-                    and float(o.trace.time[-1]) <= t_from]
-            lo = max(prev) if prev else float(full.time[0])
-            if t_from - lo >= MIN_PREROLL_S:
-                watched = full.slice_time(np.nextafter(lo, math.inf) if prev else lo, t_to)
-                watched.meta = {**full.meta, **ex.trace.meta}  # a copy: the file's traces are shared
-                span_from = t_from
+            t_from = float(ex.trace.time[0])
+            if t_from - preroll_from(ex, examples, full)[0] >= MIN_PREROLL_S:
+                watched, span_from = preroll_trace(ex, examples, full), t_from
         cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, None, False,
                                span_from=span_from))
     return cases
