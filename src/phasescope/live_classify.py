@@ -87,13 +87,24 @@ class _DeviceTrack:
     alarm_at: float | None = None
 
 
+DEFAULT_WINDOW_S = 60.0  # the data each classifier run judges
+
+
+def ring_ticks(interval_s: float, window_s: float = DEFAULT_WINDOW_S, alarm: bool = True) -> int:
+    """Ticks a device's ring must hold at `interval_s` so that every run sees all it reads: the classifier's
+    `window_s` and, with the alarm on, `onset.HISTORY_S` (the history the alarm was evaluated on). At 10 Hz
+    the rings' defaults (300 ticks in `top`) would hold only 30 s."""
+    span = max(window_s, onset.HISTORY_S if alarm else 0.0)
+    return math.ceil(span / max(interval_s, 1e-3)) + 1
+
+
 class LiveClassifier:
     """Current phase per device, from a `LiveState`'s ring buffers. Thread-safe: one updater, many readers."""
 
     def __init__(
         self,
         model: PhaseModel | None = None,
-        window_s: float = 60.0,
+        window_s: float = DEFAULT_WINDOW_S,
         every_s: float = 5.0,
         confirm: int = 2,
         alarm: bool = True,
@@ -127,6 +138,10 @@ class LiveClassifier:
             if self._alarm_model is None:
                 self._alarm_model = onset.load_alarm_model()
             return self._alarm_model
+
+    def ring_ticks(self, interval_s: float) -> int:
+        """`ring_ticks` for this classifier's window and alarm setting."""
+        return ring_ticks(interval_s, self.window_s, self.alarm_enabled)
 
     # ---- writer ----
 

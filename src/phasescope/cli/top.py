@@ -78,6 +78,12 @@ def run_live(
     if store is not None:
         history = open_history(Path(store), source.devices(), history_s, store_write, said.append)
     capacity = DEFAULT_HISTORY if history is None else history.capacity(history_s, interval_s)
+    if classify and annotate is None:
+        from phasescope.live_classify import ring_ticks
+
+        # A replay keeps its recorded spacing: the ring must hold what the classifier and alarm read.
+        data_interval_s = float(getattr(source, "native_interval_s", interval_s))
+        capacity = max(capacity, ring_ticks(data_interval_s, alarm=alarm))
     state = LiveState(source.name, capacity, prices=prices, idle_util=idle_util)
     state.process_labels.update(process_labels or {})
     for line in notices:
