@@ -10,6 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from phasescope.instrument import events as ev
 from phasescope.instrument.inject import child_env
 
 SCRIPTS = Path(__file__).resolve().parent / "instrument" / "scripts"
@@ -39,3 +42,17 @@ def shared_hook_events() -> tuple[Path, dict[str, int]]:
     root = Path(tempfile.mkdtemp(prefix="phasescope-hooks-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     return root / "events", record_hook_events(root / "events", root / "cache")
+
+
+def as_version1(rows: np.ndarray) -> np.ndarray:
+    """The same events as a version 1 log wrote them: seven columns, each forward a FWD_BEGIN row and a
+    FWD_END row (begins in start order, ends in end order, among the other rows)."""
+    out = []
+    for r in rows.tolist():
+        if r[0] == ev.FWD:
+            out.append(([ev.FWD_BEGIN, r[1], r[2], r[3], 0, 0, 0], r[1]))
+            out.append(([ev.FWD_END, r[7], r[2], r[3], r[4], r[5], r[6]], r[7]))
+        else:
+            out.append((r[:7], r[1]))
+    out.sort(key=lambda x: x[1])
+    return np.array([r for r, _ in out])

@@ -333,3 +333,31 @@ def test_consume_deletes_what_it_has_read(events: tuple[Path, dict[str, int]], t
     reader.update()
     assert set(reader.process) == set(pids.values()) and not list(work.glob("events-*.npz"))
     assert list(work.glob("meta-*.json"))  # the small per-process metadata stays
+
+
+def test_version1_chunks_give_the_same_live_kpis(events: tuple[Path, dict[str, int]], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logs written before event format 2 (seven columns, two rows per forward) still show in the live
+    views, with the same KPIs as today's rows: FORMATS.md promises version 1 is read."""
+    import shutil
+
+    from phasescope.instrument import events as ev
+    from tests.hook_events import as_version1
+
+    events_dir, pids = events
+    monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
+    old = tmp_path / "v1"
+    shutil.copytree(events_dir, old)
+    for chunk in old.glob("events-*.npz"):
+        with np.load(chunk, allow_pickle=False) as z:
+            rows, anchor = z["rows"], z["anchor"]
+        with chunk.open("wb") as fh:
+            np.savez(fh, rows=as_version1(rows), anchor=anchor)
+        assert ev.read_rows(chunk).shape[1] == ev.ROW
+    now = _last_wall(events_dir) + 1
+    new_reader = HookKpiReader(events_dir, window_s=3600, every_s=0.0, clock=lambda: now)
+    old_reader = HookKpiReader(old, window_s=3600, every_s=0.0, clock=lambda: now)
+    new_reader.update()
+    old_reader.update()
+    assert set(old_reader.process) == set(pids.values())
+    assert old_reader.process == new_reader.process

@@ -9,6 +9,7 @@ sampler thread. `HookKpiReader` follows a hook events directory (what `phasescop
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from phasescope.errors import InputError
 from phasescope.instrument import events as ev
 from phasescope.live_state import LiveState
 
@@ -111,14 +113,10 @@ class HookKpiReader:
             for chunk in sorted(self.dir.glob(f"events-{pid}-*.npz")):
                 if chunk.name in proc.chunks:
                     continue
-                try:
-                    with np.load(chunk, allow_pickle=False) as z:
-                        rows = np.asarray(z["rows"], dtype=np.float64)
-                except (OSError, ValueError, KeyError):
-                    continue
                 proc.chunks.add(chunk.name)
-                if rows.ndim == 2 and rows.shape[1] == ev.ROW:
-                    new.append(rows)
+                # Chunks are written whole (tmp + rename): one that cannot be read now never will be.
+                with contextlib.suppress(InputError):
+                    new.append(ev.read_rows(chunk))  # version 1 chunks too, padded to today's width
                 if self.consume:
                     chunk.unlink(missing_ok=True)
             rows = np.concatenate([proc.rows, *new]) if new else proc.rows

@@ -611,3 +611,15 @@ def test_shallow_copy_of_a_hooked_root_is_a_root_of_its_own() -> None:
     tl = timeline(rec)
     assert tl.f_root.tolist() == [0, 1, 1, 0]
     assert tl.f_batch.tolist() == [1, 2, 3, 4]
+
+
+def test_uninstall_waits_for_the_flush_thread() -> None:
+    """install() counts the threads alive as ones that call no module: a flush thread of the previous
+    install() still alive then, and gone later, would let one new thread go unseen (its new roots' forwards
+    lost while another thread is in a root call)."""
+    rec = Recorder(None)
+    for _ in range(2):
+        rec.install()
+        flusher = rec._flusher
+        rec.uninstall()
+        assert flusher is not None and not flusher.is_alive()

@@ -11,6 +11,7 @@ import pytest
 from phasescope.instrument import events as ev
 from phasescope.instrument.timeline import build
 from phasescope.kpi import training as tk
+from tests.hook_events import as_version1
 
 META = {"roots": [{"name": "M", "params": 10, "param_bytes": 40, "dtype": "float32", "device": "cpu",
                    "mode_sensitive_layers": [], "saved_bytes": 8}]}
@@ -96,20 +97,6 @@ def test_eval_between_steps_splits_the_timeline() -> None:
     assert k["step_time_p50_s"] == pytest.approx(3.5)
 
 
-def _version1(rows: np.ndarray) -> np.ndarray:
-    """The same events as a version 1 log wrote them: seven columns, each forward a FWD_BEGIN row and a
-    FWD_END row (begins in start order, ends in end order, among the other rows)."""
-    out = []
-    for r in rows.tolist():
-        if r[0] == ev.FWD:
-            out.append(([ev.FWD_BEGIN, r[1], r[2], r[3], 0, 0, 0], r[1]))
-            out.append(([ev.FWD_END, r[7], r[2], r[3], r[4], r[5], r[6]], r[7]))
-        else:
-            out.append((r[:7], r[1]))
-    out.sort(key=lambda x: x[1])
-    return np.array([r for r, _ in out])
-
-
 def test_version1_log_builds_the_same_timeline(tmp_path: Path) -> None:
     pe = training_log(3, batch=8, seq=16)
     rows = pe.rows.tolist()
@@ -119,7 +106,7 @@ def test_version1_log_builds_the_same_timeline(tmp_path: Path) -> None:
     old = tmp_path / "v1"
     old.mkdir()
     with open(old / "events-1-000000.npz", "wb") as fh:
-        np.savez(fh, rows=_version1(pe.rows), anchor=np.array([1000.0, 0.0]))
+        np.savez(fh, rows=as_version1(pe.rows), anchor=np.array([1000.0, 0.0]))
     (old / "meta-1.json").write_text(json.dumps({"format": ev.FORMAT, "version": 1, "pid": 1,
                                                  "anchor": [1000.0, 0.0], **META}))
     (pe1,) = ev.load_events(old)

@@ -265,6 +265,8 @@ class Recorder:
         self._hooked = [None] * len(self._hooked)  # a later install() hooks the roots again
         self._reset_threads()
         self._stop.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(5.0)  # gone before a later install() counts the threads alive
         self._end_flop_sample(record=False)
         self.flush()
         with self._lock:  # a root call that read _armed before it was cleared may have put the finder back
