@@ -27,10 +27,14 @@ def write_subset(shared_data: Path, out_dir: Path) -> Path:
         if (r["family"] in FAMILIES and "sensorguard-rtx3090" in r["path"])
         or (r["family"] == "bystander_idle" and r["run"].startswith(BYSTANDER_RUN_HINTS))
     ]
-    out = out_dir / "labels.csv"
+    return write_labels(keep, shared_data, out_dir / "labels.csv")
+
+
+def write_labels(rows: list[dict[str, str]], shared_data: Path, out: Path) -> Path:
+    """`rows` of labels.csv as a labels file at `out`, paths made absolute into `shared_data`."""
     with out.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
-        for r in keep:
+        for r in rows:
             w.writerow({**r, "path": str(shared_data / r["path"])})
     return out

@@ -19,7 +19,7 @@ from phasescope.classify.alert_eval import (
 from phasescope.classify.dataset import load_examples
 from phasescope.classify.decide import AlarmParams
 from phasescope.schema import DeviceInfo, Trace
-from tests.classify._subset import write_subset
+from tests.classify._subset import write_labels, write_subset
 
 
 def case(p: list[float], onset: float | None, stride: float = 15.0, window: float = 30.0) -> AlarmCase:
@@ -100,12 +100,7 @@ def test_every_pre_roll_starts_after_the_previous_labelled_span(shared_data: Pat
     run = "20260825_train_bert_node2-gpu0_s0_r01-copy"  # a marker span (other), 3 s, then training
     rows = list(csv.DictReader((shared_data / "labels.csv").open(newline="")))
     keep = [r for r in rows if r["run"] == run]
-    out = tmp_path / "labels.csv"
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in keep:
-            w.writerow({**r, "path": str(shared_data / r["path"])})
+    out = write_labels(keep, shared_data, tmp_path / "labels.csv")
     marker = next(r for r in keep if r["family"] == "marker_gemm_bursts")
     for preroll_all in (False, True):
         cases = build_cases(out, preroll_all=preroll_all)

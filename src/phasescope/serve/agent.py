@@ -22,7 +22,7 @@ from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.live_annotate import Annotator, HookKpiReader
 from phasescope.live_classify import LiveClassifier, PhaseReading
 from phasescope.live_history import backfill_phases, loaded_note, recent_traces
-from phasescope.live_state import LiveState, Row
+from phasescope.live_state import LiveState, Row, phase_from_hooks
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
@@ -200,7 +200,7 @@ class Agent:
             latest = np.full(len(SIGNAL_NAMES), np.nan) if lost else self.state.latest(uuid)
             info = self.state.device_info(uuid)
             # The classifier judges GPU telemetry: its verdict on the host's CPU load is not shown.
-            reading = None if is_host_device(info) else self.classifier.reading(uuid)
+            reading = None if phase_from_hooks(info) else self.classifier.reading(uuid)
             out.append((info, latest, reading, lost))
         return out
 
@@ -277,7 +277,7 @@ class Agent:
     ) -> dict[str, Any] | None:
         """The classifier's reading for a GPU; for the host, the phase its processes' hooks report (exact:
         no confidence), or None with a note when none report."""
-        if not is_host_device(info):
+        if not phase_from_hooks(info):
             return dict(reading.to_dict(), source="classifier") if reading else None
         label = host_phases.get(info.uuid, "")
         if not label:
@@ -311,7 +311,7 @@ class Agent:
             for s in CHART_SIGNALS:
                 series[s] = _series(self.state.history(uuid, s)[keep], 4)
             lo = float(times[0]) if times.size else math.inf
-            host = is_host_device(self.state.device_info(uuid))  # no classifier bands on CPU load
+            host = phase_from_hooks(self.state.device_info(uuid))  # no classifier bands on CPU load
             series["bands"] = [] if host else [  # every band in the kept history: few, the last one grows
                 [round(b.start, 3), round(b.end, 3), b.phase] for b in self.classifier.bands(uuid, since=lo)
             ]
