@@ -623,3 +623,37 @@ def test_uninstall_waits_for_the_flush_thread() -> None:
         flusher = rec._flusher
         rec.uninstall()
         assert flusher is not None and not flusher.is_alive()
+
+
+def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_call() -> None:
+    """A notebook: Ctrl-C ends a forward, then the next cell builds and calls a new model. No hook runs on
+    the interrupt's path, so the flush thread sees the dead call (its caller frame is off the stack) and
+    puts the finder back; the new model's calls are recorded."""
+
+    class Interrupted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise KeyboardInterrupt
+
+    mm = torch.nn.modules.module
+    rec = Recorder(None, flush_s=0.02)
+    rec.install()
+    try:
+        with torch.no_grad():
+            mlp()(torch.randn(1, 8))  # a root of its own hooks, so the finder leaves torch's dict in calls
+            with pytest.raises(KeyboardInterrupt):
+                Interrupted()(torch.randn(1, 8))
+            deadline = monotonic() + 5.0
+            while rec._gid not in mm._global_forward_pre_hooks and monotonic() < deadline:
+                threading.Event().wait(0.01)
+            fresh = nn.Sequential(nn.Linear(8, 2))
+            for _ in range(3):
+                fresh(torch.randn(2, 8))
+    finally:
+        rec.uninstall()
+    tl = timeline(rec)
+    assert [rec.roots[r]["name"] for r in tl.f_root].count("Sequential") >= 3
+    assert tl.f_batch.tolist()[-3:] == [2, 2, 2]

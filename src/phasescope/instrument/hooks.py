@@ -203,7 +203,9 @@ class Recorder:
         # per root: has its own hooks (False: followed by the global hooks; None: not tried since install())
         self._hooked: list[bool | None] = []
         self._root_hooks: list[tuple[weakref.ReferenceType[torch.nn.Module], tuple[Any, Any]]] = []
-        self._callers: set[int] = set()  # threads that have called a module since install()
+        # Threads that have called a module since install(), with their state (the flush thread reads it).
+        self._callers: dict[int, _ThreadState] = {}
+        self._suspect_dead = False  # the flush thread found a root call a BaseException ended
         self._multi = False
         # Threads alive at install() (with phasescope's flush thread): while no more run and one thread has
         # called modules, no other thread can call one during a root call, so the finder may leave the dict.
@@ -275,7 +277,7 @@ class Recorder:
 
     def _reset_threads(self) -> None:
         self._tl = threading.local()  # .st: this thread's _ThreadState
-        self._callers = set()
+        self._callers = {}
         self._multi = False
 
     def _after_fork(self) -> None:
@@ -294,7 +296,7 @@ class Recorder:
     def _init_thread(self) -> _ThreadState:
         st = self._tl.st = _ThreadState()
         with self._lock:
-            self._callers.add(threading.get_ident())
+            self._callers[threading.get_ident()] = st
             self._multi = len(self._callers) > 1  # from now on the finder stays in torch's dict
         return st
 
@@ -317,6 +319,7 @@ class Recorder:
         st.root = st.pending = st.frame = None
         st.same = 0
         st.gmode = False
+        self._suspect_dead = False
         self._arm()
 
     def _arm(self) -> None:
@@ -337,8 +340,13 @@ class Recorder:
         # A nested call: the finder is in torch's dict in a root call only with 2 threads or unhooked roots.
         if root is not None:
             if root is not module or not st.gmode:
-                return
-            if self._alive(st):  # a root module calling itself
+                # A nested call; or, once the flush thread saw a dead call, maybe a new root after Ctrl-C.
+                if not self._suspect_dead:
+                    return
+                if self._alive(st):
+                    self._suspect_dead = False  # a wrong guess: this thread's call runs (one-thread mode)
+                    return
+            elif self._alive(st):  # a root module calling itself
                 st.same += 1
                 return
             self._drop_dead_call(st)
@@ -700,9 +708,34 @@ class Recorder:
                 self._seq += 1
                 self._wrote = True
 
+    def _rearm_after_dead_calls(self) -> None:
+        """Put the finder back when a thread's root call was ended by a BaseException (Ctrl-C in a notebook).
+
+        No hook of ours runs on that path (torch's always-call hooks catch Exception only), so until the next
+        call of a known root the finder stayed out of torch's dict and calls of new models went unrecorded.
+        Run from the flush thread: a call whose caller frame is no longer on its thread's stack is over. A
+        wrong guess only leaves the finder in for one call, which costs time, not exactness (two-thread mode
+        keeps it in all the time); the thread's own next root call drops the dead call's state as before.
+        """
+        if self._gdict is None or not self._armed or self._gid in self._gdict:
+            return
+        frames = sys._current_frames()
+        for tid, st in list(self._callers.items()):
+            target = st.frame
+            if target is None:
+                continue
+            f: Any = frames.get(tid)
+            while f is not None and f is not target:
+                f = f.f_back
+            if f is None and st.frame is target:
+                self._suspect_dead = True  # the finder, back in, checks liveness on its next stale root
+                self._arm()
+                return
+
     def _flush_loop(self) -> None:
         stop = self._stop
         while not stop.wait(self.flush_s):
+            self._rearm_after_dead_calls()
             if self.events_dir is None:
                 self.buffer.compact()
             else:
