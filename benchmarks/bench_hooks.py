@@ -77,7 +77,8 @@ def training_call() -> Callable[[], None]:
     return step
 
 
-def inference_call() -> Callable[[], None]:
+def inference_workload() -> tuple[nn.Module, Callable[[], None]]:
+    """The ~1 ms inference call, with its model (the floors hook it themselves)."""
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                           nn.Linear(512, 10)).eval()
     x = torch.randn(96, 256)
@@ -86,7 +87,7 @@ def inference_call() -> Callable[[], None]:
         with torch.inference_mode():
             model(x)
 
-    return call
+    return model, call
 
 
 def block(fn: Callable[[], None], n: int) -> float:
@@ -331,14 +332,7 @@ def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None,
 
 def floors(reps: int, rng: random.Random) -> None:
     """Inference call only: phasescope's hooks against root mode's bare structure, paired, in one run."""
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10)).eval()
-    x = torch.randn(96, 256)
-
-    def call() -> None:
-        with torch.inference_mode():
-            model(x)
-
+    model, call = inference_workload()
     rec = Recorder(None, flush_s=0)
     rec.install()
     for _ in range(4):
@@ -429,7 +423,7 @@ def main() -> None:
           f"{args.block} training steps / {args.block * 10} inference calls per block")
     measure("training step", training_call(), args.reps, args.block, Recorder(None),
             other_cls(None) if other_cls else None, args.fine_reps)
-    measure("inference call", inference_call(), args.reps, args.block * 10, Recorder(None),
+    measure("inference call", inference_workload()[1], args.reps, args.block * 10, Recorder(None),
             other_cls(None) if other_cls else None, args.fine_reps)
 
 

@@ -146,6 +146,15 @@ def _tensor_bytes(t: Tensor) -> int:
     return int(t.numel() * t.element_size())
 
 
+def _on_stack(frame: Any, target: Any) -> bool:
+    """Whether `target` is `frame` or one of its callers."""
+    while frame is not None:
+        if frame is target:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _ThreadState:
     """One thread's place in the forward calls (slots: ~20 ns an access; threading.local: ~130 ns)."""
 
@@ -303,13 +312,7 @@ class Recorder:
     @staticmethod
     def _alive(st: _ThreadState) -> bool:
         """Whether this thread's root call is still running: its caller frame is on the current stack."""
-        target = st.frame
-        f: Any = sys._getframe(2)
-        while f is not None:
-            if f is target:
-                return True
-            f = f.f_back
-        return target is None
+        return st.frame is None or _on_stack(sys._getframe(2), st.frame)
 
     def _drop_dead_call(self, st: _ThreadState) -> None:
         """Forget a root call a BaseException ended without its forward hook; watch for new roots again."""
@@ -328,10 +331,10 @@ class Recorder:
 
     def _find_root(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         """Global pre hook: in torch's dict only between root calls (or always, once two threads call)."""
-        # Fast path, one thread: a known root with its own hooks; its pre hook, next in this call, begins it.
         rid = self._roots.get(id(module))
-        if rid is not None and not self._multi and self._hooked[rid] and self._root_refs[rid]() is module:
-            return
+        hooked = None if rid is None or self._root_refs[rid]() is not module else self._hooked[rid]
+        if hooked and not self._multi:
+            return  # a known root with its own hooks: its pre hook, next in this call, begins it (one thread)
         try:
             st = self._tl.st
         except AttributeError:
@@ -352,10 +355,6 @@ class Recorder:
             self._drop_dead_call(st)
         if self._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
             return
-        rid = self._roots.get(id(module))
-        hooked = None if rid is None or self._root_refs[rid]() is not module else self._hooked[rid]
-        if hooked and not self._multi:
-            return  # its own pre hook, next in this call, begins it (one thread: no other hooked it just now)
         fresh = unshared = False
         if rid is None or hooked is None:
             with self._lock:  # two threads meeting a new root at once must not both register it
@@ -724,10 +723,7 @@ class Recorder:
             target = st.frame
             if target is None:
                 continue
-            f: Any = frames.get(tid)
-            while f is not None and f is not target:
-                f = f.f_back
-            if f is None and st.frame is target:
+            if not _on_stack(frames.get(tid), target) and st.frame is target:
                 self._suspect_dead = True  # the finder, back in, checks liveness on its next stale root
                 self._arm()
                 return
