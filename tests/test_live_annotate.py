@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from phasescope.live_state import LiveState, feed
 from phasescope.schema import PHASES, Trace
 from phasescope.sources.replay_live import ReplaySource
 from tests.hook_events import shared_hook_events
+from tests.http_helpers import serving
 from tests.live_helpers import training_traces
 
 
@@ -255,14 +256,8 @@ def metrics_url(shared_data: Path) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/metrics"
 
 
 def test_scraped_vllm_latency_on_the_named_gpu(shared_data: Path, metrics_url: str) -> None:

@@ -4,12 +4,12 @@ user as one line (the error crosses the process boundary)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+from tests.http_helpers import serving
 
 from phasescope.classify.model import PhaseModel
 from phasescope.cli import main
@@ -51,14 +51,8 @@ class _Fake(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_prometheus() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(_Fake) as url:
+        yield url
 
 
 def test_batches_are_cut_for_the_workers(fake_prometheus: str) -> None:

@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 from phasescope.cli.scrape import command as scrape_command
 from phasescope.errors import InputError, SourceError
 from phasescope.sources.scrape import Histogram, fetch, histogram_quantile, parse_text, read_file, server_kpis
+from tests.http_helpers import serving
 
 VLLM_V0V1 = "formats/vllm-metrics/DataDog__integrations-core__vllm_metrics.txt"
 VLLM_IDLE = ("formats/vllm-metrics/"
@@ -175,14 +175,8 @@ def metrics_server() -> Iterator[tuple[str, _Files]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", files
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, files
 
 
 def test_scrape_command_over_http_window(shared_data: Path, metrics_server: tuple[str, _Files],
