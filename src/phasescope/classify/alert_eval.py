@@ -196,13 +196,13 @@ def preroll_from(ex: Example, examples: Sequence[Example], full: Trace) -> tuple
     return (max(prev), True) if prev else (float(full.time[0]), False)
 
 
-def preroll_trace(ex: Example, examples: Sequence[Example], full: Trace) -> Trace:
-    """The span `ex` with its pre-roll from the device's file (`preroll_from`), meta of both merged."""
-    lo, exclusive = preroll_from(ex, examples, full)
+def preroll_trace(ex: Example, full: Trace, start: tuple[float, bool]) -> Trace:
+    """The span `ex` with its pre-roll from the device's file, from `start` (`preroll_from`'s answer), meta
+    of both merged."""
+    lo, exclusive = start
     watched = full.slice_time(np.nextafter(lo, math.inf) if exclusive else lo, float(ex.trace.time[-1]))
     watched.meta = {**full.meta, **ex.trace.meta}  # a copy: the file's traces are shared
     return watched
-
 
 
 def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = None,
@@ -239,7 +239,7 @@ def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = 
         # A start is recorded when the file holds telemetry before it; the watched pre-roll then follows
         # the rule every span uses, so no other labelled span is watched twice or relabelled as pre-roll.
         known = full is not None and len(full) > 0 and onset - float(full.time[0]) >= MIN_PREROLL_S
-        watched = preroll_trace(ex, examples, full) if known and full is not None else ex.trace
+        watched = preroll_trace(ex, full, preroll_from(ex, examples, full)) if known and full else ex.trace
         cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, onset, known))
     for ex in examples:
         if ex.label == "training" or len(ex.trace) == 0:
@@ -248,8 +248,9 @@ def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = 
         full = full_trace(ex) if preroll_all else None
         if full is not None and len(full):
             t_from = float(ex.trace.time[0])
-            if t_from - preroll_from(ex, examples, full)[0] >= MIN_PREROLL_S:
-                watched, span_from = preroll_trace(ex, examples, full), t_from
+            start = preroll_from(ex, examples, full)
+            if t_from - start[0] >= MIN_PREROLL_S:
+                watched, span_from = preroll_trace(ex, full, start), t_from
         cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, None, False,
                                span_from=span_from))
     return cases
