@@ -245,3 +245,25 @@ def test_fast_paths_equal_plain_definitions(trace: Trace, variant: str) -> None:
     for s, g in zip(["gpu_util", "power"], got, strict=True):
         for new, ref in zip(g, _periodicity_reference(wins[s].x, dt), strict=True):
             np.testing.assert_allclose(new, ref, rtol=1e-6, atol=1e-9, err_msg=s)
+
+
+def test_a_gap_of_days_is_shortened_not_gridded(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log resumed after a long silence: the grid no longer holds a point per interval of the silence
+    (a year at 10 Hz was a MemoryError), and every window that holds data is exactly the uncut one."""
+    import phasescope.features as features
+
+    n = len(trace)
+    gap_s = 400_000.0  # 4.6 days at 1 Hz: over MAX_GAP_INTERVALS, still small enough to grid in full
+    resumed = Trace(trace.device, np.concatenate([trace.time, trace.time + gap_s]),
+                    {k: np.concatenate([v, v]) for k, v in trace.columns.items()}, trace.meta)
+    short = window_features(resumed)
+    monkeypatch.setattr(features, "MAX_GAP_INTERVALS", 10**9)
+    full = window_features(resumed)
+    assert len(full.start) > 20_000 and len(short.start) < 200  # the silence's empty windows are gone
+    assert not (short.n_samples == 0).any()
+    held = full.n_samples > 0
+    np.testing.assert_allclose(short.start, full.start[held], rtol=0, atol=1e-6)  # float rounding only
+    np.testing.assert_allclose(short.end, full.end[held], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(short.values, full.values[held], rtol=1e-9, atol=1e-12)  # FFT sizes differ
+    np.testing.assert_array_equal(short.sufficient, full.sufficient[held])
+    assert short.start[-1] > trace.time[-1] + gap_s - 60 and n == len(trace)

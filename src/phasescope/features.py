@@ -492,13 +492,14 @@ def window_features(
         )
         if s in present
     ]
-    t0, grid = resample(trace, dt, used)
-    n_grid = int(np.floor((trace.time[-1] - t0) / dt + 0.5)) + 1
     w = max(1, round(cfg.window_s / dt))
     step = max(1, round(cfg.stride_s / dt))
     if cfg.adapt_to_rate and w < cfg.min_samples:
         step = max(1, round(cfg.min_samples * cfg.stride_s / cfg.window_s))
         w = cfg.min_samples
+    trace, shift = _shorten_gaps(trace, dt, w, step, cfg.plateau_cap_s)
+    t0, grid = resample(trace, dt, used)
+    n_grid = int(np.floor((trace.time[-1] - t0) / dt + 0.5)) + 1
     if n_grid < w:
         w = n_grid  # a trace shorter than one window: one (short) window over all of it
     n_win = (n_grid - w) // step + 1
@@ -655,7 +656,48 @@ def window_features(
 
     values = np.column_stack([cols.get(n, nanv) for n in FEATURE_NAMES]) if n_win > 0 else empty.values
     values = np.where(np.isfinite(values), values, np.nan)
+    if shift is not None:
+        starts, ends, kept = _restore_gaps(starts, ends, trace.time, shift, dt)
+        starts, ends, values = starts[kept], ends[kept], values[kept]
+        n_samples, sufficient = n_samples[kept], sufficient[kept]
     return WindowFeatures(starts, ends, values, FEATURE_NAMES, n_samples, sufficient, dt, w, present)
+
+
+# A silence longer than this many sample intervals (a log resumed days later, a clock that jumped) is
+# shortened before the grid is built: the grid holds a point per interval, so a year-long gap at 10 Hz
+# needed gigabytes. The real data's longest gap is 631 intervals, so none of it is touched.
+MAX_GAP_INTERVALS = 100_000
+
+
+def _shorten_gaps(
+    trace: Trace, dt: float, w: int, step: int, cap_s: float
+) -> tuple[Trace, FloatArray | None]:
+    """The trace with each gap over MAX_GAP_INTERVALS cut down, and each sample's shift (None: no cut).
+
+    Whole strides are cut, so windows after a gap sit where they were; enough is kept that no window
+    reaches across it and "seconds since memory moved" still reaches its cap, so every window that holds
+    data sees exactly what it saw on the uncut trace.
+    """
+    gaps = np.diff(trace.time)
+    long = gaps > MAX_GAP_INTERVALS * dt
+    if not long.any():
+        return trace, None
+    unit = step * dt
+    keep = np.ceil((w + step + cap_s / dt) / step) * unit
+    cut = np.where(long, np.floor((gaps - keep) / unit) * unit, 0.0)
+    shift = np.concatenate([[0.0], np.cumsum(cut)])
+    return Trace(trace.device, trace.time - shift, trace.columns, trace.meta), shift
+
+
+def _restore_gaps(
+    starts: FloatArray, ends: FloatArray, time: FloatArray, shift: FloatArray, dt: float
+) -> tuple[FloatArray, FloatArray, np.ndarray]:
+    """Window times back on the trace's clock, and which windows to keep: not those inside a cut gap."""
+    # The first sample binned into or after each window (a sample within dt/2 of a grid point is on it).
+    i = np.minimum(np.searchsorted(time, starts - 0.5 * dt), time.size - 1)
+    holds = time[i] <= ends + 0.5 * dt
+    after_cut = np.concatenate([[False], np.diff(shift) > 0])
+    return starts + shift[i], ends + shift[i], holds | ~after_cut[i]
 
 
 def _ffill(x: FloatArray) -> FloatArray:

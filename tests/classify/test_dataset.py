@@ -66,6 +66,7 @@ def test_minimal_sidecar(shared_data: Path, tmp_path: Path) -> None:
         ("path,label,t_from,t_to\nx.csv,idle,abc,\n", "column t_from"),
         ("path,label,t_from,t_to\nx.csv,idle,10,5\n", "t_to after t_from"),
         ("path,label\nmissing.csv,idle\n", "an existing file"),
+        ("path,label,t_from,t_to\nx.csv,idle,nan,\n", "line 2, column t_from: expected a number of seconds"),
     ],
 )
 def test_bad_tables(tmp_path: Path, body: str, match: str) -> None:
@@ -89,3 +90,27 @@ def test_missing_device_index(shared_data: Path, tmp_path: Path) -> None:
 def test_no_labels_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"labels\.csv"):
         load_examples(tmp_path)
+
+
+def test_spreadsheet_bom_blank_lines_and_bad_bytes(tmp_path: Path) -> None:
+    """A "CSV UTF-8" export starts with a BOM; a bad row is named by its line in the file, blank lines
+    counted; bytes that are not UTF-8 are one InputError naming their line, not a UnicodeDecodeError."""
+    p = tmp_path / "labels.csv"
+    p.write_bytes(b"\xef\xbb\xbfpath,label\nx.csv,idle\n")
+    assert [(r.path.name, r.label) for r in read_labels(p)] == [("x.csv", "idle")]
+    p.write_bytes(b"path,label\nx.csv,idle\n\ny.csv,sleeping\n")
+    with pytest.raises(InputError, match="line 4, column label"):
+        read_labels(p)
+    p.write_bytes(b"path,label\nx.csv,idle\nx.csv,train\xffing\n")
+    with pytest.raises(InputError, match=r"labels\.csv: line 3: expected UTF-8 text"):
+        read_labels(p)
+
+
+def test_a_span_that_holds_no_sample_is_an_error(shared_data: Path, tmp_path: Path) -> None:
+    """A row whose span is on another clock (Unix seconds for a SensorGuard file, which runs on its raw
+    clock) used to be dropped without a word: the model was fitted and evaluated on less than the table."""
+    unix_span = "1756565000,1756566000"
+    p = _write(tmp_path, f"path,gpu_index,t_from,t_to,label\n{shared_data / SG},3,{unix_span},idle\n")
+    with pytest.raises(InputError, match=r"line 2, columns t_from/t_to: expected a span holding samples of "
+                                         r"nvml\.csv \(its clock runs 91390\.749\.\.91605\.725\)"):
+        load_examples(p)

@@ -57,3 +57,15 @@ def test_missing_bundle_and_bad_pubkey(
     (tmp_path / "x.pub").write_text("nope")
     assert main(["audit", str(pristine), "--pubkey", str(tmp_path / "x.pub")]) == 2
     assert "public key: expected an Ed25519 public key (PEM)" in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_ledger_is_one_line(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A telemetry log passed by mistake used to print a problem per line of it (ten, then "... and 4000
+    more"); it is one line saying what was expected."""
+    log = shared_data / "nvidia-smi-h100-training/ckpt1.csv"
+    assert main(["audit", str(log), "--chain-only", "--trust-bundle-key"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"phasescope: audit FAILED: {log}: line 1: is not a JSON record: expected a phasescope "
+                   "ledger (JSON Lines)"]

@@ -108,6 +108,25 @@ def test_measured_without_prices_is_one_clear_line(
     assert "prices: expected --price-gpu-hour or --price-kwh" in err
 
 
+@pytest.mark.parametrize(
+    "measured",
+    [["--train-recording", "{f}", "--cost-per-query", "0.001"],
+     ["--train-cost", "1e6", "--inference-recording", "{f}", "--requests", "100"]],
+)
+def test_measured_recording_without_power_priced_per_kwh_is_one_clear_line(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], measured: list[str]
+) -> None:
+    """Alibaba's pods report utilisation and memory only: a $/kWh price has nothing to apply to, which
+    used to end in an AssertionError traceback."""
+    f = str(shared_data / "alibaba-gentd26/pod_gpu_duty_cycle_anon.csv")
+    args = [a.format(f=f) for a in measured]
+    rc = main(["cost", "crossover", *args, "--queries-per-day", "1e5", "--price-kwh", "0.12"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "energy: expected a power or energy signal to price per kWh" in err
+
+
 # ---------------------------------------------------------------- energy
 
 

@@ -93,3 +93,85 @@ def test_eval_progress_lines_on_a_pipe(labels: Path, capsys: pytest.CaptureFixtu
     assert main(["eval", str(labels), "-k", "3"]) == 0
     err = capsys.readouterr().err
     assert "window features for" in err and err.count("run fold") == 3
+
+
+@pytest.mark.parametrize("command", ["eval", "train-model"])
+@pytest.mark.parametrize("k", ["0", "1"])
+def test_fewer_than_two_folds_is_one_line(
+    command: str, k: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-k 0 divided by zero and -k 1 left no run to train on; both are refused before any data is read."""
+    extra = ["-o", str(tmp_path / "m.json")] if command == "train-model" else []
+    assert main([command, str(tmp_path / "nothing-here"), "-k", k, *extra]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid value for '-k'" in err and "Traceback" not in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_train_model_into_a_missing_folder_fails_before_the_fit(
+    labels: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The output folder is checked first: it used to be a FileNotFoundError traceback after the fit."""
+    out = tmp_path / "no-such-folder" / "m.json"
+    assert main(["train-model", str(labels.parent), "-o", str(out), "--no-evaluate", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "m.json: output: expected a file in an existing directory" in err and "Traceback" not in err
+    assert "fitted" not in err
+
+
+def test_eval_json_is_strict_json(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Figures that do not exist for this data (recall of a class with no example) are null, as in every
+    other --json, not NaN, which JSON does not have (JSON.parse, Go and serde reject it)."""
+    import csv
+
+    from tests.classify._subset import write_labels
+
+    rows = [r for r in csv.DictReader((shared_data / "labels.csv").open(newline=""))
+            if r["family"] == "duty_shaping"][:3]  # training only: the other classes have no example
+    labels = write_labels(rows, shared_data, tmp_path / "labels.csv")
+    assert main(["eval", str(labels), "-k", "2", "--json", "--quiet"]) == 0
+
+    def no_nan(name: str) -> None:
+        raise AssertionError(f"{name} in --json output")
+
+    out = json.loads(capsys.readouterr().out, parse_constant=no_nan)
+    assert out["results"][0]["model"]["window"]["per_class"]["inference"]["recall"] is None
+
+
+def test_a_leave_one_out_split_with_one_group_is_refused(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--split dataset` on one labels table held that table out with nothing left to fit on, and printed a
+    table of dashes with exit 0; it is one line naming the split instead."""
+    import csv
+
+    from tests.classify._subset import write_labels
+
+    rows = [r for r in csv.DictReader((shared_data / "labels.csv").open(newline=""))
+            if r["family"] == "duty_shaping"][:2]
+    labels = write_labels(rows, shared_data, tmp_path / "labels.csv")
+    assert main(["eval", str(labels), "--split", "dataset", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--split dataset: expected at least two groups to hold out in turn" in err
+    assert err.count("\n") == 1
+
+
+def test_train_model_with_one_phase_writes_no_empty_model(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Labels of one phase only fit no booster; the model used to be written anyway (exit 0, "submodels":
+    []) and then called every window unknown ("too few signals")."""
+    import csv
+
+    from tests.classify._subset import write_labels
+
+    rows = [r for r in csv.DictReader((shared_data / "labels.csv").open(newline=""))
+            if r["family"] == "duty_shaping"][:3]
+    labels = write_labels(rows, shared_data, tmp_path / "labels.csv")
+    out = tmp_path / "m.json"
+    assert main(["train-model", str(labels), "-o", str(out), "--no-evaluate", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "labels: expected judged windows (50 or more) of at least two phases" in err
+    assert "of training" in err and not out.exists()

@@ -50,3 +50,22 @@ def test_record_audit_and_verify_a_ledger(
     led.write_bytes(led.read_bytes()[:-10])
     assert main(["verify", "--declare", "idle", "--input", str(led)]) == 2
     assert "ends without a line break" in capsys.readouterr().err
+
+
+def test_a_replay_that_ends_ends_the_ledger(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like `record`, the ledger stops when a replay (without loop) has played to its end, instead of
+    signing empty batches until --duration or Ctrl-C."""
+    import json
+
+    monkeypatch.setenv("PHASESCOPE_HOME", str(tmp_path / "home"))
+    led = tmp_path / "ledger.jsonl"
+    spar = "spar-a100/bert_sst2_amp_NVIDIA_A100_SXM4_40GB_90abf7ca_20260309_182528.parquet"  # 27 s, 1 Hz
+    src = f"replay:{shared_data / spar}?speed=100"
+    args = ["ledger", "-o", str(led), "--source", src, "--duration", "4", "--interval", "0.1", "--batch", "2"]
+    assert main(args) == 0
+    ticks = int(capsys.readouterr().out.split(": ")[2].split()[0])
+    assert 2 <= ticks < 20  # about 0.3 s of replay at 10 ticks/s, not the 40 ticks of --duration
+    batches = [r for r in map(json.loads, led.read_text().splitlines()) if r["kind"] == "batch"]
+    assert batches and all(r["body"]["signals"] for r in batches)

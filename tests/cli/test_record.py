@@ -167,3 +167,31 @@ def test_a_store_another_process_writes_is_refused(tmp_path: Path, shared_data: 
     assert main(["record", "-o", str(out), "--source", spec, "--quiet", "--store", str(db)]) == 0
     with Store(db, read_only=True) as store:
         assert store.count() > 0
+
+
+def test_a_command_that_ends_before_the_first_sample_keeps_its_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`record -- CMD` exits with CMD's code; a CMD that fails at once (before the first tick) used to turn
+    into "nothing recorded" and exit 2, hiding its own code."""
+    from phasescope.cli.record import _record_command
+    from phasescope.recording import RecordingWriter
+    from phasescope.sources.host import HostSource
+
+    class NoTicks:  # the child's exit wins the race with the first tick
+        interval_s = 1.0
+
+        def run(self, on_tick: object, duration: float | None = None, stop: object = None) -> None:
+            assert stop is not None and stop.wait(10)  # type: ignore[attr-defined]
+
+    out = tmp_path / "r.parquet"
+    source = HostSource()
+    try:
+        writer = RecordingWriter(out, source_spec="host", interval_s=1.0)
+        code = _record_command(["sh", "-c", "exit 5"], source, NoTicks(), writer, None, False, out, False, "")
+    finally:
+        source.close()
+    assert code == 5
+    err = capsys.readouterr().err
+    assert "nothing recorded: stopped before the first sample" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # the empty recording is not left behind

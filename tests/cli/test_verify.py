@@ -187,3 +187,32 @@ def test_missing_cryptography_is_one_line(
         "phasescope: signing and auditing need the cryptography package: pip install 'phasescope[verify]'"
     ]
     assert main(["audit", str(tmp_path / "b.jsonl")]) == 2
+
+
+def test_one_device_in_several_inputs_is_one_timeline(
+    shared_data: Path, tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A device's recordings given as several inputs (a log per day, here a real trace in two halves, the
+    later one first, plus the same half again) are one timeline: one verdict per device, and a bundle its
+    own audit accepts. Each input used to be checked apart, and audit rejected the bundle ("telemetry
+    reordered or duplicated", "2 verdicts stated, re-running gives 1")."""
+    t = labelled(shared_data, DUTY_SHAPING)
+    halves = []
+    first = np.arange(len(t)) < len(t) // 2
+    for k, part in enumerate((t.take(first), t.take(~first))):
+        f = tmp_path / f"day{k}" / "gpu.csv"  # no uuid column: both read as device file:gpu#0
+        f.parent.mkdir()
+        stamps = [time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(1.7e9 + x)) + f".{round(x % 1 * 1000):03d}"
+                  for x in part.time]
+        rows = [f"{s}, {u * 100:.0f} %, {m / 2**20:.0f} MiB, {p:.2f} W"
+                for s, u, m, p in zip(stamps, part["gpu_util"], part["mem_used"], part["power"], strict=True)]
+        f.write_text("timestamp, utilization.gpu [%], memory.used [MiB], power.draw [W]\n" + "\n".join(rows))
+        halves.append(str(f))
+    b = tmp_path / "evidence.jsonl"
+    inputs = ["--input", halves[1], "--input", halves[0], "--input", halves[1]]
+    code, rows, _ = run(["--declare", "no-training", "--json", *inputs, "--bundle", str(b)], capsys)
+    assert code == 1  # the disguised training is found in the joined timeline
+    verdicts = [r for r in rows if "verdict" in r]
+    assert len(verdicts) == 1 and verdicts[0]["coverage"]["samples"] == len(t)
+    pub = str(home / "keys" / "default.pub")
+    assert main(["audit", str(b), "--pubkey", pub]) == 0, capsys.readouterr().err

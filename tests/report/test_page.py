@@ -69,3 +69,26 @@ def test_unknown_segments_say_why(shared_data: Path, model: PhaseModel) -> None:
     page = render(data)
     reason = data.devices[0].pred.reasons[0]  # type: ignore[union-attr]
     assert "data-phase='unknown'" in page and reason.startswith("sample interval") and reason in page
+
+
+def test_phase_totals_average_power_over_measured_time_only(shared_data: Path) -> None:
+    """A device without a power reading adds held time to the fleet's phase totals, not "0 W": the mean
+    power is the measured energy over the measured seconds, and kWh with nothing measured is a dash."""
+    from dataclasses import replace
+
+    from phasescope.report.page import _phase_totals
+    from phasescope.schema import Trace
+
+    path = str(shared_data / FILES[2])
+    (powered,) = read(path)
+    blind = powered.without("power", "energy")
+    blind = Trace(replace(blind.device, uuid="GPU-no-power-sensor"), blind.time, blind.columns, blind.meta)
+    both = build([(path, [powered, blind])], model=None)
+    mean_w = both.devices[0].energy.mean_power_w
+    row = re.search(r"unsegmented</span></td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>",
+                    _phase_totals(both))
+    assert row is not None and row.group(3) == f"{mean_w:,.0f} W"  # not half of it
+    only_blind = build([(path, [blind])], model=None)
+    row = re.search(r"unsegmented</span></td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>",
+                    _phase_totals(only_blind))
+    assert row is not None and row.group(2) == "–" and row.group(3) == "–"

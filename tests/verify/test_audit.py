@@ -199,3 +199,30 @@ def test_garbage_and_empty_files(tmp_path: Path) -> None:
     assert "is empty" in first_problem(p)
     p.write_text(json.dumps({"hello": 1}) + "\n")
     assert "malformed record" in first_problem(p)
+
+
+def test_damaged_records_are_problems_not_crashes(tmp_path: Path) -> None:
+    """Damage that still parses as JSON (a non-hex hash, a NaN literal, signals that are no object) fails
+    the audit at its line instead of raising."""
+    import numpy as np
+
+    from phasescope.schema import DeviceInfo, Trace
+    from phasescope.verify.ledger import LedgerWriter
+
+    p = tmp_path / "ledger.jsonl"
+    with LedgerWriter(p, KEY, model=model(), batch_rows=5) as w:
+        w.append_trace(Trace(DeviceInfo("GPU-x"), np.arange(10.0), {"power": np.ones(10)}))
+    good = lines(p)
+    recs = records(p)
+    recs[1]["hash"] = "z" * 64  # a flipped bit can leave a non-hex digit
+    write_records(p, recs)
+    assert "line 2 (seq 1): batch record does not match its hash" in first_problem(p)
+    p.write_bytes(b"".join([good[0], good[1].replace(b'"power":[1.0', b'"power":[NaN'), *good[2:]]))
+    assert "line 2 (seq 1): batch record does not match its hash" in first_problem(p)
+    recs = [json.loads(x) for x in good]
+    recs[1]["body"]["signals"] = [1.0, 2.0]
+    recs[2]["body"]["meta"] = ["x"]
+    write_records(p, recs)
+    problems = [q.line(p) for q in audit_bundle(p, KEY.public_key(), model()).problems]
+    assert "line 2 (seq 1): batch record is malformed" in " ".join(problems)
+    assert "line 3 (seq 2): batch record is malformed" in " ".join(problems)

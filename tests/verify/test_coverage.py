@@ -38,3 +38,16 @@ def test_missing_signals_are_named(shared_data: Path) -> None:
     c = coverage(t, float(t.time[0]), float(t.time[-1]))
     assert c.missing_signals == ["pcie_tx", "pcie_rx"]
     assert np.isfinite(c.rate_hz)
+
+
+def test_ticks_without_any_reading_are_a_gap_not_coverage(shared_data: Path) -> None:
+    """A lost GPU keeps its rows in a recording, all NaN ("its readings are NaN from now on"): that minute
+    is a gap, as if the rows were not there, not covered time."""
+    t = labelled(shared_data, DUTY_SHAPING)
+    t0 = float(t.time[0])
+    lost = (t.time > t0 + 60) & (t.time < t0 + 120)
+    blank = t.with_columns(**{s: np.where(lost, np.nan, v) for s, v in t.columns.items()})
+    c = coverage(blank, t0, float(t.time[-1]))
+    assert c.samples == len(t) - int(lost.sum())
+    assert c.gaps == 1 and c.longest_gap_s == pytest.approx(60, abs=2.5)
+    assert c.covered_fraction == pytest.approx(1 - 60 / (t.time[-1] - t0), abs=0.02)

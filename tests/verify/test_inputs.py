@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from phasescope.errors import InputError
@@ -16,3 +19,18 @@ def test_time_forms() -> None:
     assert parse_time("2023-11-14T22:13:20", "--since", now) == 1_700_000_000.0  # no zone: UTC
     with pytest.raises(InputError, match="--until: time: expected Unix s"):
         parse_time("soon", "--until", now)
+
+
+SPAR = "spar-a100/bert_sst2_amp_NVIDIA_A100_SXM4_40GB_90abf7ca_20260309_182528.parquet"  # 27 s at 1 Hz
+
+
+def test_watching_a_replay_stops_at_its_end(shared_data: Path) -> None:
+    """`verify --source replay:F --duration D` longer than the replay: the verdict rests on the replayed
+    samples, not on a tail of empty ticks after the end (those read as covered time with no data)."""
+    from phasescope.sources.replay_live import ReplaySource
+    from phasescope.verify.inputs import sample_live
+
+    src = ReplaySource.from_path(shared_data / SPAR, speed=25)  # plays in about 1 s
+    (trace,) = sample_live(src, duration_s=3.0, interval_s=0.1)
+    assert len(trace) >= 3
+    assert np.isfinite(trace["power"]).all()

@@ -16,6 +16,8 @@ on its own fleet:
 from __future__ import annotations
 
 import csv
+import io
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ import numpy as np
 
 from phasescope.errors import InputError
 from phasescope.schema import PHASES, Trace
+from phasescope.sources.replay._common import decode_utf8
 
 Reader = Callable[[str], list[Trace]]
 LABEL_COLUMNS = (
@@ -90,11 +93,12 @@ def _float_or_none(text: str, path: Path, line: int, column: str) -> float | Non
     if not text:
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise InputError(
-            path, f"line {line}, column {column}", "a number of seconds or empty", text
-        ) from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise InputError(path, f"line {line}, column {column}", "a number of seconds or empty", text)
+    return value
 
 
 def read_labels(labels: str | Path) -> list[LabelRow]:
@@ -102,15 +106,21 @@ def read_labels(labels: str | Path) -> list[LabelRow]:
     path = find_labels(labels)
     root = path.parent
     rows: list[LabelRow] = []
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, "file", "a readable labels table", exc.strerror or str(exc)) from None
+    # A spreadsheet's "CSV UTF-8" starts with a BOM; other bytes must be UTF-8 (named by line if not).
+    reader = csv.DictReader(io.StringIO(decode_utf8(path, data), newline=""))
+    try:
         header = reader.fieldnames or []
         for col in ("path", "label"):
             if col not in header:
                 raise InputError(
                     path, "header", f"a column named {col!r}", ",".join(header) or "an empty file"
                 )
-        for i, rec in enumerate(reader, start=2):
+        for rec in reader:
+            i = reader.line_num  # the file's line (blank lines and quoted line breaks included)
             label = (rec.get("label") or "").strip()
             if label not in PHASES:
                 raise InputError(path, f"line {i}, column label", f"one of {', '.join(PHASES)}", label)
@@ -138,6 +148,8 @@ def read_labels(labels: str | Path) -> list[LabelRow]:
                     line=i,
                 )
             )
+    except csv.Error as exc:  # e.g. a field over the csv module's size limit
+        raise InputError(path, f"line {reader.line_num}", "CSV rows", str(exc)) from None
     return rows
 
 
@@ -198,6 +210,7 @@ def load_examples(
                     "a device with that index",
                     f"indices {sorted({_device_index(t) for t in traces}, key=str)}",
                 )
+        before = len(examples)
         for t in chosen:
             cut = t.slice_time(row.t_from, row.t_to)
             if len(cut) == 0:
@@ -213,6 +226,14 @@ def load_examples(
             gpu = row.gpu or t.device.name or str(t.meta.get("gpu_model", "")) or "unknown"
             examples.append(
                 Example(cut, row.label, row.family, gpu, row.source, run, str(row.path), device, str(labels))
+            )
+        if len(examples) == before:  # a span on another clock (Unix vs the file's own) must not vanish
+            times = [t.time for t in chosen if len(t)]
+            runs = (f"its clock runs {min(x.min() for x in times):.3f}..{max(x.max() for x in times):.3f}"
+                    if times else "it holds no sample")
+            raise InputError(
+                find_labels(labels), f"line {row.line}, columns t_from/t_to",
+                f"a span holding samples of {row.path.name} ({runs})", f"{row.t_from}..{row.t_to}",
             )
     return _merge_split_signals(examples)
 

@@ -94,7 +94,13 @@ def _measured(paths: Sequence[str], fmt: str, cfg: configmod.Config, flags: Pric
         raise InputError(
             paths[0], "prices", "--price-gpu-hour or --price-kwh (or [prices] in the config file)", "none set"
         )
-    return total_cost(results, prices), results
+    total = total_cost(results, prices)
+    if total.total_usd is None:  # only a $/kWh price, and no device has power or energy to apply it to
+        raise InputError(
+            paths[0], "energy", "a power or energy signal to price per kWh (or a --price-gpu-hour)",
+            "none in the recording(s)",
+        )
+    return total, results
 
 
 @click.group(name="cost")

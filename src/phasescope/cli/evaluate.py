@@ -102,7 +102,10 @@ def _print_result(res: dict[str, Any]) -> None:
 @click.option(
     "--subsets", is_flag=True, help="Also report run-grouped accuracy for each realistic signal subset."
 )
-@click.option("-k", "folds", default=5, show_default=True, help="Folds for --split run.")
+@click.option(
+    "-k", "folds", type=click.IntRange(min=2), default=5, show_default=True,  # 1 fold: nothing to train on
+    help="Folds for --split run.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed that deals runs into folds (--split run).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
@@ -130,7 +133,15 @@ def command(
         raise InputError(sources[0], "labels", "at least one labelled trace", "none")
     chosen = splits or ("run",)
     with_base = baseline == "paper"
-    total = sum(len(train.folds(examples, s, folds, seed)) * (2 if with_base else 1) for s in chosen)
+    split_folds = {s: train.folds(examples, s, folds, seed) for s in chosen}
+    for s, fs in split_folds.items():
+        empty = next((name for name, fit_on, _ in fs if len(fit_on) == 0), None)
+        if empty is not None:  # e.g. --split dataset with one labels table: nothing is left to fit on
+            raise InputError(
+                sources[0], f"--split {s}", "at least two groups to hold out in turn",
+                f"holding out {str(empty)!r} leaves no run to train on",
+            )
+    total = sum(len(fs) * (2 if with_base else 1) for fs in split_folds.values())
     total += len(train.SUBSET_REPORTED) if subsets else 0
     out: dict[str, Any] = {"data": sources, "results": []}
     with steps(total, quiet=quiet) as step:
@@ -145,7 +156,9 @@ def command(
         if subsets:
             out["subsets"] = train.subset_accuracy(table, k=folds, progress=step)
     if as_json:
-        click.echo(json.dumps(out, default=_json_default))
+        from phasescope.verify.check import strict_json  # NaN (a recall with no example) -> null
+
+        click.echo(json.dumps(strict_json(out), default=_json_default, allow_nan=False))
         return
     click.echo(f"{out['examples']} labelled device traces, {out['runs']} runs, {out['windows']} windows")
     for res in out["results"]:

@@ -223,11 +223,18 @@ def _record_command(cmd: list[str], source: Any, sampler: Any, writer: Recording
             stop.set()
 
         threading.Thread(target=stop_when_done, name="phasescope-child", daemon=True).start()
+        recorded = False
         try:
             _record(source, sampler, writer, duration, progress_on, path, stop=stop, child=child, store=store)
+            recorded = True
+        except SourceError as exc:
+            if child.poll() is None:
+                raise
+            # CMD ended before the first sample: say so, but exit with CMD's code, as promised.
+            click.echo(f"phasescope: {exc}", err=True)
         finally:
             code = child.wait()
-        if label_from_hooks:
+        if label_from_hooks and recorded:
             _write_labels(events_dir, path, writer, family)
     return 128 - code if code < 0 else code
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import click
 
@@ -26,7 +27,10 @@ from phasescope.errors import InputError
     show_default=True,
     help="Run run-grouped cross-validation first and put its figures in the model card.",
 )
-@click.option("-k", "folds", default=5, show_default=True, help="Folds for the card's cross-validation.")
+@click.option(
+    "-k", "folds", type=click.IntRange(min=2), default=5, show_default=True,  # 1 fold: nothing to train on
+    help="Folds for the card's cross-validation.",
+)
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quiet: bool) -> None:
     """Fit the phase model on DATA (labels.csv files, or folders holding one) and write it to MODEL.
@@ -39,6 +43,8 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
     from phasescope.classify.progress import steps
 
     t0 = time.perf_counter()
+    if not Path(output).parent.is_dir():  # found out before the fit, not after it
+        raise InputError(output, "output", "a file in an existing directory", "no such directory")
     examples = train.load_data(list(data))
     if not examples:
         raise InputError(data[0], "labels", "at least one labelled trace", "none")
@@ -63,6 +69,11 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
         model = train.fit_model(table)
         fit_s = time.perf_counter() - t1
         step("fitted")
+    if not model.submodels:  # a model that can only say "unknown" is not worth writing
+        raise InputError(
+            data[0], "labels", "judged windows (50 or more) of at least two phases to fit a booster on",
+            f"{summary} of {', '.join(sorted({e.label for e in table.examples}))}",
+        )
     if not quiet:
         click.echo(summary, err=True)
         if evaluation is not None:
@@ -72,7 +83,10 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
                 err=True,
             )
     model.card = train.model_card(table, evaluation, fit_s)
-    model.save(output)
+    try:
+        model.save(output)
+    except OSError as exc:
+        raise InputError(output, "output", "a writable file", exc.strerror or str(exc)) from None
     click.echo(
         json.dumps(
             {

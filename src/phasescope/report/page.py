@@ -20,6 +20,7 @@ from phasescope.display import (
     fmt_watts,
 )
 from phasescope.kpi.cost import Cost
+from phasescope.kpi.energy import totals_by_phase
 from phasescope.report.data import DeviceReport, ReportData
 from phasescope.schema import PHASES, FloatArray, Trace
 
@@ -186,10 +187,15 @@ def _summary(data: ReportData) -> str:
 
 
 def _phase_totals(data: ReportData) -> str:
+    # Energy over the seconds that have a power or energy reading: a device without one adds held time
+    # and cost, but no "0 W" and no 0 kWh (a missing value is never shown as 0).
+    measured = totals_by_phase(d.energy for d in data.devices)
     rows = []
-    for label, (secs, joules, cost) in sorted(data.phase_totals().items(), key=lambda kv: -kv[1][0]):
-        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(f"{joules / 3.6e6:.4f}"),
-                     _e(fmt_watts(joules / secs if secs > 0 else math.nan)), _e(_cost(cost))])
+    for label, (secs, _, cost) in sorted(data.phase_totals().items(), key=lambda kv: -kv[1][0]):
+        pe = measured[label]
+        kwh = f"{pe.kwh:.4f}" if pe.covered_s > 0 else MISSING
+        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(kwh), _e(fmt_watts(pe.mean_power_w)),
+                     _e(_cost(cost))])
     return _table(["phase", "device-hours", "kWh", "mean power", "cost"], rows, raw=True)
 
 

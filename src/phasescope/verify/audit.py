@@ -87,6 +87,11 @@ def _read_lines(path: Path, chain: Chain) -> list[tuple[int, Any]]:
         try:
             out.append((i, json.loads(raw)))
         except (json.JSONDecodeError, UnicodeDecodeError):
+            if i == 1:  # not a ledger at all (a CSV, a recording): one line, not one per line of it
+                chain.problems.append(
+                    Problem("line 1", "is not a JSON record: expected a phasescope ledger (JSON Lines)")
+                )
+                return []
             chain.problems.append(
                 Problem(f"line {i}", "is not a JSON record: the file was edited or damaged")
             )
@@ -114,7 +119,7 @@ def check_chain(path: str | Path) -> Chain:
             chain.problems.append(Problem(w, "malformed record: expected seq, prev, kind, body and hash"))
             continue
         seq, kind, body = rec["seq"], rec["kind"], rec["body"]
-        if record_hash(seq, rec["prev"], kind, body) != rec["hash"]:
+        if _rehash(seq, rec["prev"], kind, body) != rec["hash"]:
             chain.problems.append(Problem(w, f"{kind} record does not match its hash: it was edited"))
         elif seq > expect_seq:
             chain.problems.append(
@@ -137,7 +142,7 @@ def check_chain(path: str | Path) -> Chain:
         rec = dict(rec, _line=line)
         chain.records.append(rec)
         seq_pos[seq] = len(hashes)
-        hashes.append(bytes.fromhex(rec["hash"]) if len(rec["hash"]) == 64 else b"")
+        hashes.append(_hash_bytes(rec["hash"]))
         expect_seq, prev = seq + 1, rec["hash"]
         if len(chain.records) == 1:
             _check_header(chain, rec, w)
@@ -167,6 +172,23 @@ def check_chain(path: str | Path) -> Chain:
             )
         )
     return chain
+
+
+def _rehash(seq: int, prev: str, kind: str, body: Any) -> str | None:
+    """The record's hash, or None when its body holds NaN/Infinity (JSON the writer never hashes)."""
+    try:
+        return record_hash(seq, prev, kind, body)
+    except ValueError:
+        return None
+
+
+def _hash_bytes(text: str) -> bytes:
+    """A record hash as a Merkle leaf; b"" for one that is not 64 hex digits (already a problem)."""
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        return b""
+    return raw if len(raw) == 32 else b""
 
 
 def _check_header(chain: Chain, rec: dict[str, Any], w: str) -> None:
@@ -246,7 +268,8 @@ def _traces(chain: Chain, problems: list[Problem]) -> dict[str, Trace]:
                 s: np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
                 for s, vals in b["signals"].items()
             }
-        except (PhasescopeError, KeyError, TypeError, ValueError):
+            meta = dict(b.get("meta") or {})
+        except (PhasescopeError, KeyError, TypeError, ValueError, AttributeError):  # an edited record
             problems.append(Problem(w, "batch record is malformed (device, t, signals)"))
             continue
         bad = [s for s, c in cols.items() if s not in SIGNALS or c.shape != t.shape]
@@ -270,7 +293,7 @@ def _traces(chain: Chain, problems: list[Problem]) -> dict[str, Trace]:
         if t.size:
             last_t[dev.uuid] = (float(t[-1]), rec["_line"])
         devices[dev.uuid] = dev
-        metas[dev.uuid] = dict(b.get("meta") or {})
+        metas[dev.uuid] = meta
         parts.setdefault(dev.uuid, []).append((t, cols))
     out = {}
     for uid, ps in parts.items():

@@ -68,7 +68,7 @@ class WindowVerdict:
     segments: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean(
+        return strict_json(
             {
                 "device": self.device,
                 "device_name": self.device_name,
@@ -91,16 +91,16 @@ class WindowVerdict:
         )
 
 
-def _clean(obj: Any) -> Any:
+def strict_json(obj: Any) -> Any:
     """NaN/inf -> None, so the dict is strict JSON (and canonical for hashing)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): strict_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [strict_json(v) for v in obj]
     if isinstance(obj, np.generic):
-        return _clean(obj.item())
+        return strict_json(obj.item())
     return obj
 
 
@@ -289,4 +289,4 @@ def flop_total(verdicts: Sequence[WindowVerdict], budget: float | None = None) -
     if budget is not None:
         res["budget"] = budget
         res["versus_budget"] = tot.versus(budget)
-    return _clean(res)
+    return strict_json(res)

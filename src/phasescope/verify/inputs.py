@@ -60,7 +60,24 @@ def read_inputs(paths: Sequence[str], fmt: str = "auto") -> tuple[list[Trace], l
             ts = read(p, fmt)
             sources.append({"path": str(p), "format": ts[0].meta.get("format") if ts else None})
         traces.extend(ts)
-    return traces, sources
+    return one_trace_per_device(traces), sources
+
+
+def one_trace_per_device(traces: Sequence[Trace]) -> list[Trace]:
+    """Traces of one device from several inputs (a recording per day) joined in time order, so a verdict
+    covers the device's whole span and a bundle holds one timeline per device, as `audit` rebuilds it;
+    a sample read twice (overlapping inputs) is kept once."""
+    by_device: dict[str, list[Trace]] = {}
+    for t in traces:
+        by_device.setdefault(t.device.uuid, []).append(t)
+    out = []
+    for parts in by_device.values():
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        joined = Trace.concat(parts)
+        out.append(joined.take(np.concatenate([[True], np.diff(joined.time) > 0])))
+    return out
 
 
 def read_store(path: str | Path | None, since: float | None, until: float | None) -> list[Trace]:
@@ -87,8 +104,12 @@ def sample_live(
     from phasescope.sampler import Sampler
 
     ticks: list[TickBatch] = []
+    stop = stop or threading.Event()
 
     def keep(b: TickBatch) -> None:
+        if getattr(source, "exhausted", False):  # a replay without loop has played to its end
+            stop.set()
+            return
         ticks.append(b)
         if on_tick is not None:
             on_tick(b)

@@ -89,6 +89,15 @@ def read_lines(path: Path, *, strip_bom: bool = False) -> pa.Array:
     return pc.utf8_rtrim(lines, "\r") if crlf else lines
 
 
+def decode_utf8(path: PathLike, data: bytes) -> str:
+    """`data` as UTF-8 text without a leading BOM; InputError naming the line of the first bad byte."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(path, f"line {line}", "UTF-8 text", data[exc.start : exc.start + 4]) from None
+
+
 def head_text(path: Path, size: int = 65536) -> str:
     return read_head(path, size).decode("utf-8", errors="replace")
 
@@ -343,11 +352,7 @@ def read_csv_strings(
         raise InputError(path, "file", "a readable file", exc.strerror or str(exc)) from None
     # Arrow's bad-row callback cannot decode non-UTF-8 text (it prints a stray traceback): check first.
     if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
-            raise InputError(path, f"line {line}", "UTF-8 text", data[exc.start : exc.start + 4]) from None
+        decode_utf8(path, data)
     names = [f"c{i}" for i in range(n_columns)]
     fast = {f"c{i}" for i in numeric if 0 <= i < n_columns}
 
