@@ -124,14 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         return train.fit_model(table, np.array([index[id(e)] for e in exs], dtype=np.int64), subsets=subsets,
                                config=config)
 
-    def predict_whole(model: Any, trace: Trace) -> Any:
+    def predict_whole(model: Any, trace: Trace) -> Any:  # the watched trace alone (no case context)
         return with_windows(model, None, args.stride).predict_trace(trace, evidence=False)
 
     predict: alert_eval.Predictor = predict_whole
     if onset_table is not None:
         if args.stride != onset.ONSET_STRIDE_S:
             ap.error(f"--onset replays the live alarm, which runs every {onset.ONSET_STRIDE_S:g} s")
-        # Each window as the live alarm judges it: on the trailing history at its tick (onset.live_windows).
+        # Each window as the live alarm judges it: on the trailing history at its tick, the case's context
+        # included (onset.case_windows; the table the folds fit on holds the same windows).
         predict = onset.case_predictor(cases, onset_table)
 
     base = decide.AlarmParams(window_s=config.window_s)

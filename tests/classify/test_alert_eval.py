@@ -12,11 +12,12 @@ from phasescope.classify.alert_eval import (
     AlarmCase,
     build_cases,
     choose_params,
+    context_trace,
     preroll_from,
     run_folds,
     score,
 )
-from phasescope.classify.dataset import load_examples
+from phasescope.classify.dataset import Example, load_examples
 from phasescope.classify.decide import AlarmParams
 from phasescope.schema import DeviceInfo, Trace
 from tests.classify._subset import write_labels, write_subset
@@ -115,3 +116,23 @@ def test_every_pre_roll_starts_after_the_previous_labelled_span(shared_data: Pat
     lo, exclusive = preroll_from(ex, examples, ex.trace)
     assert exclusive and lo == max(float(e.trace.time[-1]) for e in examples
                                    if e.device == ex.device and e is not ex)
+
+
+def test_context_stops_at_the_history_and_at_a_labelled_training_span() -> None:
+    """A case's context: the device's telemetry before its watched start, at most the alarm's history back,
+    never into a labelled training span (its alerts are that run's), never another device's or file's."""
+    full = Trace(DeviceInfo("gpu-x"), np.arange(0.0, 300.0), {"gpu_util": np.zeros(300)})
+
+    def ex(lo: float, hi: float, label: str, path: str = "f", device: str = "gpu-x") -> Example:
+        return Example(full.slice_time(lo, hi), label, label, "", "src", "run", path, device)
+
+    first, marker, second = ex(0, 99, "training"), ex(100, 149, "other"), ex(200, 299, "training")
+    elsewhere = [ex(110, 140, "training", path="g"), ex(110, 140, "training", device="y")]
+    examples = [first, marker, second, *elsewhere]
+    watched = full.slice_time(150, 299)  # the second run with its pre-roll (after the marker span)
+    got = context_trace(watched, second, examples, full, history_s=120.0)
+    assert got is not None and got.time.tolist() == list(np.arange(100.0, 150.0))  # after the first run
+    got = context_trace(watched, second, examples, full, history_s=30.0)
+    assert got is not None and got.time.tolist() == list(np.arange(121.0, 150.0))  # (t - 30, t), as live
+    assert context_trace(marker.trace, marker, examples, full, 120.0) is None  # right after a training run
+    assert context_trace(full, first, examples, full, 120.0) is None  # the file's first sample

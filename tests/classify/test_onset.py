@@ -3,6 +3,7 @@ file, on a small real subset."""
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from phasescope.classify.decide import AlarmParams, TrainingAlarm, alarm_times, 
 from phasescope.classify.model import PhaseModel
 from phasescope.features import FEATURE_NAMES, window_features
 from phasescope.schema import PHASES, DeviceInfo, Trace
-from tests.classify._subset import write_subset
+from phasescope.sources.replay import read
+from tests.classify._subset import write_labels, write_subset
 
 TRAIN, OTHER, INFER = PHASES.index("training"), PHASES.index("other"), PHASES.index("inference")
 
@@ -61,7 +63,7 @@ def test_onset_table_labels_straddling_windows(cases: list[AlarmCase]) -> None:
         assert (y[: np.argmax(y == TRAIN)] == OTHER).all()  # pre-roll first, then training to the end
         assert (y[np.argmax(y == TRAIN):] == TRAIN).all()
         # The first training window starts before the run: it straddles the start.
-        wf = onset.live_windows(c.trace, cfg)
+        wf = onset.case_windows(c, cfg)
         assert wf.start.size == rows.size
         first = int(np.argmax(y == TRAIN))
         assert wf.start[first] < c.onset < wf.end[first]
@@ -113,15 +115,17 @@ def test_streaming_onset_alarm_fires_once_after_a_real_start(cases: list[AlarmCa
     assert alarm.active
 
 
-def _live_replay(trace: Trace) -> tuple[list[float], list[np.ndarray]]:
-    """What the live path hands `OnsetAlarm` on `trace` (a tick every ONSET_STRIDE_S of data time, the last
-    HISTORY_S seconds each, as `live_classify` does), and the features of each window it then judges."""
+def _live_replay(trace: Trace, since: float = -math.inf, until: float = math.inf
+                 ) -> tuple[list[float], list[np.ndarray]]:
+    """What the live path hands `OnsetAlarm` on `trace` (a tick every ONSET_STRIDE_S of data time from its
+    first sample at or after `since` to `until`, the last HISTORY_S seconds of `trace` each, as
+    `live_classify` does), and the features of each window it then judges."""
     alarm = onset.OnsetAlarm(onset.load_alarm_model(), AlarmParams(window_s=onset.ONSET_WINDOW_S))
     ends: list[float] = []
     rows: list[np.ndarray] = []
     last_tick = -math.inf
     for now in trace.time.tolist():
-        if now - last_tick < onset.ONSET_STRIDE_S:
+        if now < since or now > until or now - last_tick < onset.ONSET_STRIDE_S:
             continue
         last_tick = now
         history = trace.take((trace.time > now - onset.HISTORY_S) & (trace.time <= now))
@@ -141,7 +145,9 @@ def test_onset_table_features_are_the_live_alarms(cases: list[AlarmCase]) -> Non
     assert c.trace.time[-1] - c.trace.time[0] > 3 * onset.HISTORY_S  # long enough for the histories to differ
     table = onset.build_onset_table([c])
     rows = np.flatnonzero((table.ex == 0) & (table.copy == 1))
-    ends, live = _live_replay(c.trace)
+    ends, live = _live_replay(c.fed)
+    kept = [k for k, e in enumerate(ends) if e > c.trace.time[0]]  # the rest judge only its context
+    ends, live = [ends[k] for k in kept], [live[k] for k in kept]
     np.testing.assert_array_equal(table.live[0].end, ends)
     np.testing.assert_array_equal(table.X[rows], np.array(live))  # NaN where NaN
     # Counted from the case's first sample instead (the old table), the ramp features differ late in a run.
@@ -153,9 +159,58 @@ def test_onset_table_features_are_the_live_alarms(cases: list[AlarmCase]) -> Non
         col = FEATURE_NAMES.index(name)
         assert not np.array_equal(whole[:, col], table.X[rows][late, col], equal_nan=True), name
 
-def test_evaluation_predicts_the_live_windows(cases: list[AlarmCase]) -> None:
-    """The nested CV's per-window probabilities are what `OnsetAlarm` would feed its CUSUM live."""
-    c = next(c for c in cases if c.onset_known)
+
+BERT_COPY = "20260825_train_bert_node2-gpu0_s0_r01-copy"  # 10 s marker burst (other), 3 s, then training
+
+
+@pytest.fixture(scope="module")
+def bert_case(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[AlarmCase, Trace]:
+    """The training case of a `train_bert` copy, with its device's whole file."""
+    rows = [r for r in csv.DictReader((shared_data / "labels.csv").open(newline="")) if r["run"] == BERT_COPY]
+    labels = write_labels(rows, shared_data, tmp_path_factory.mktemp("bert") / "labels.csv")
+    c = next(c for c in build_cases(labels, preroll_all=True) if c.label == "training")
+    full = next(t for t in read(str(shared_data / rows[0]["path"])) if t.device.uuid == c.device)
+    return c, Trace(full.device, full.time, full.columns, c.trace.meta)  # the GPU model, as live knows it
+
+
+def test_case_windows_hold_the_history_before_the_watched_start(bert_case: tuple[AlarmCase, Trace]) -> None:
+    """A case's first windows carry what the live alarm computes on the device's whole file, whose last
+    HISTORY_S before the watched start hold the marker burst; not what a replay of the watched span alone
+    (which starts after the burst) computes."""
+    c, full = bert_case
+    assert c.onset is not None and c.onset_known
+    t0 = float(c.trace.time[0])
+    # No labelled training span before it: the context is the file's telemetry in the last HISTORY_S.
+    before = full.time[(full.time > t0 - onset.HISTORY_S) & (full.time < t0)]
+    assert c.context is not None and before.size >= 10
+    np.testing.assert_array_equal(c.context.time, before)
+    table = onset.build_onset_table([c])
+    rows = np.flatnonzero((table.ex == 0) & (table.copy == 1))
+    # A live alarm started at the context's first sample, handed the file's trailing HISTORY_S at each tick.
+    ends, live = _live_replay(full, since=float(before[0]), until=float(c.trace.time[-1]))
+    kept = [k for k, e in enumerate(ends) if e > t0]
+    np.testing.assert_array_equal(table.live[0].end, [ends[k] for k in kept])
+    np.testing.assert_array_equal(table.X[rows], np.array([live[k] for k in kept]))
+    # The first kept window's own tick, checked directly: the file's trailing HISTORY_S at that tick.
+    ticks = onset.tick_times(full.time[full.time >= before[0]])
+    first_end = float(table.live[0].end[0])
+    history = onset.trailing(full, float(ticks[np.searchsorted(ticks, first_end)]))
+    assert history.time[0] < t0  # it reaches back before the watched start
+    alarm = onset.OnsetAlarm(onset.load_alarm_model(), AlarmParams(window_s=onset.ONSET_WINDOW_S))
+    wf = alarm.windows(history)
+    assert wf is not None
+    np.testing.assert_array_equal(table.X[rows][0], wf.values[wf.end == first_end][0])
+    # Replayed over the watched span alone, as before, the case's first window differs.
+    alone = onset.live_windows(c.trace)
+    assert alone.end[0] != first_end or not np.array_equal(alone.values[0], table.X[rows][0], equal_nan=True)
+
+
+@pytest.mark.parametrize("which", ["subset", "bert_copy"])
+def test_evaluation_predicts_the_live_windows(which: str, cases: list[AlarmCase],
+                                              bert_case: tuple[AlarmCase, Trace]) -> None:
+    """The nested CV's per-window probabilities are what `OnsetAlarm` would feed its CUSUM live (ticks from
+    the case's context on; the windows that end by the watched start are not the case's)."""
+    c = next(c for c in cases if c.onset_known) if which == "subset" else bert_case[0]
     table = onset.build_onset_table([c])
     model = onset.load_alarm_model()
     got = onset.case_predictor([c], table)(model, c.trace)
@@ -168,8 +223,9 @@ def test_evaluation_predicts_the_live_windows(cases: list[AlarmCase]) -> None:
             return super().update(window_end, p_training)
 
     alarm.alarm = Spy(alarm.params)
-    for now in onset.tick_times(c.trace.time).tolist():
-        alarm.update(onset.trailing(c.trace, now))
+    for now in onset.tick_times(c.fed.time).tolist():
+        alarm.update(onset.trailing(c.fed, now))
+    fed = [(e, p) for e, p in fed if e > c.trace.time[0]]
     assert fed
     np.testing.assert_array_equal(got.end, [e for e, _ in fed])
     np.testing.assert_allclose(p_training(got), [p for _, p in fed], rtol=0, atol=1e-12)

@@ -56,6 +56,17 @@ class AlarmCase:
     # Non-training case watched from before its labelled span (`build_cases(preroll_all=True)`): the
     # labelled start; the telemetry before it (marker bursts, settling) is non-training too.
     span_from: float = math.nan
+    # The device's telemetry just before `trace` that the live alarm would still hold when `trace` begins
+    # (`context_trace`). The onset evaluation replays the alarm over it too (`fed`), so a case's first windows
+    # have their history; nothing in it is scored. The 30 s classifier's rows ignore it.
+    context: Trace | None = None
+
+    @property
+    def fed(self) -> Trace:
+        """What the alarm is fed for this case: the context, then the watched trace."""
+        if self.context is None or len(self.context) == 0:
+            return self.trace
+        return Trace.concat([self.trace, self.context])  # sorted by time; the watched trace's meta
 
     def _span(self) -> tuple[float, float]:
         stop = float(self.trace.time[-1]) if self.onset is None else self.onset
@@ -205,6 +216,23 @@ def preroll_trace(ex: Example, full: Trace, start: tuple[float, bool]) -> Trace:
     return watched
 
 
+def context_trace(watched: Trace, ex: Example, examples: Sequence[Example], full: Trace, history_s: float
+                  ) -> Trace | None:
+    """The device's telemetry before `watched` that a live alarm would still hold when `watched` begins.
+
+    It runs from the latest of: `history_s` before the watched start (the alarm reads no further back), the
+    end of the last labelled training span on the device that ends by then (exclusive: its alerts are that
+    run's, and live the alarm would already have fired during it), and the file's first sample; up to the
+    watched start (exclusive). None when that is empty.
+    """
+    t0 = float(watched.time[0])
+    ends = [float(o.trace.time[-1]) for o in examples
+            if o.label == "training" and o.path == ex.path and o.device == ex.device and len(o.trace)
+            and float(o.trace.time[-1]) <= t0]
+    keep = (full.time > max([t0 - history_s, *ends])) & (full.time < t0)  # live reads (t - history_s, t]
+    return full.take(keep) if keep.any() else None
+
+
 def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = None,
                 preroll_all: bool = False) -> list[AlarmCase]:
     """Alarm cases from a labels table: each labelled device span, training spans with their pre-roll.
@@ -213,7 +241,10 @@ def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = 
     (`preroll_from`). With `preroll_all`, a non-training span is watched with its pre-roll too, as a live
     alarm would see it: a marker burst followed by an inference server starting up must not look like a
     training run starting. Every labelled span is one case: none is watched as part of another's pre-roll.
+    Each case also carries its `context` (`context_trace`): up to the alarm's history before the watched
+    start, replayed but not scored, so the onset evaluation's first windows are the ones live would judge.
     """
+    from phasescope.classify.onset import HISTORY_S  # here: onset imports this module
     from phasescope.sources.replay import read as default_read
 
     reader = read or default_read
@@ -240,19 +271,22 @@ def build_cases(labels: str | Path, read: Callable[[str], list[Trace]] | None = 
         # the rule every span uses, so no other labelled span is watched twice or relabelled as pre-roll.
         known = full is not None and len(full) > 0 and onset - float(full.time[0]) >= MIN_PREROLL_S
         watched = preroll_trace(ex, full, preroll_from(ex, examples, full)) if known and full else ex.trace
-        cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, onset, known))
+        context = context_trace(watched, ex, examples, full, HISTORY_S) if full else None
+        cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, onset, known,
+                               context=context))
     for ex in examples:
         if ex.label == "training" or len(ex.trace) == 0:
             continue
-        watched, span_from = ex.trace, math.nan
-        full = full_trace(ex) if preroll_all else None
+        watched, span_from, context = ex.trace, math.nan, None
+        full = full_trace(ex)
         if full is not None and len(full):
             t_from = float(ex.trace.time[0])
             start = preroll_from(ex, examples, full)
-            if t_from - start[0] >= MIN_PREROLL_S:
+            if preroll_all and t_from - start[0] >= MIN_PREROLL_S:
                 watched, span_from = preroll_trace(ex, full, start), t_from
+            context = context_trace(watched, ex, examples, full, HISTORY_S)
         cases.append(AlarmCase(ex.run, ex.device, ex.source, ex.family, ex.label, watched, None, False,
-                               span_from=span_from))
+                               span_from=span_from, context=context))
     return cases
 
 

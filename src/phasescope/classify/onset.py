@@ -9,7 +9,10 @@ run with a recorded start, its pre-roll (marker bursts, settling; from the end o
 on the device, else the file's first sample) to the run's end, in windows of `ONSET_WINDOW_S` seconds every
 `ONSET_STRIDE_S`. Each window's features are the ones the live alarm computes for it: on the last
 `HISTORY_S` seconds of the trace at its tick (`live_windows`, the same `tick_windows` that `OnsetAlarm`
-runs), so the memory ramp and plateau never count from a labelled start the live alarm cannot see. A
+runs), so the memory ramp and plateau never count from a labelled start the live alarm cannot see. The
+ticks are replayed from the case's context (`AlarmCase.context`: up to `HISTORY_S` of the device's telemetry
+before the watched start, not past a labelled training span), and only the windows that end after the
+watched start are the case's (`case_windows`), so its first windows hold the history live would hold. A
 window is labelled training when at least `ONSET_SHARE` of it lies after the recorded start, and "other"
 before that (the pre-roll is GEMM marker bursts and settling; only p_training matters to the alarm). Every
 other case keeps its own label. The start times are training labels only: prediction reads telemetry alone.
@@ -60,7 +63,7 @@ ONSET_STRIDE_S = 5.0  # the alarm's cadence; also gives several straddling windo
 ONSET_SHARE = 0.5  # a straddling window is "training" once at least half of it lies after the start
 PRE_LABEL = "other"  # the pre-roll before a SensorGuard run: marker GEMM bursts and settling
 ALARM_MODEL_FILE = "alarm_model.json"
-ALARM_MODEL_VERSION = "onset-0.2.0"
+ALARM_MODEL_VERSION = "onset-0.3.0"
 HISTORY_S = 120.0  # seconds of history the alarm judges at each tick, live and in the table (`live_windows`)
 
 
@@ -113,6 +116,10 @@ class LiveWindows:
     interval_s: FloatArray  # per window: the grid spacing of the history it was cut from
     present: list[frozenset[str]]  # distinct signal sets the histories held
     present_id: np.ndarray  # per window, index into `present`
+
+    def take(self, keep: np.ndarray) -> LiveWindows:
+        return LiveWindows(self.start[keep], self.end[keep], self.values[keep], self.sufficient[keep],
+                           self.n_samples[keep], self.interval_s[keep], self.present, self.present_id[keep])
 
 
 def tick_times(time: FloatArray, every_s: float = ONSET_STRIDE_S) -> FloatArray:
@@ -176,6 +183,14 @@ def live_windows(trace: Trace, config: WindowConfig | None = None, use_table: bo
                        cat([np.full(w.end.size, w.interval_s) for w in parts]), presents, cat(pid))
 
 
+def case_windows(case: AlarmCase, config: WindowConfig | None = None, use_table: bool = True) -> LiveWindows:
+    """The windows the live alarm judges on a case's watched span: ticks replayed over its context and watched
+    trace (`AlarmCase.fed`, the first tick at its first sample), kept from the first that ends after the
+    watched start. Only those are labelled and scored; the alarm's CUSUM starts at the first of them."""
+    lw = live_windows(case.fed, config, use_table)
+    return lw.take(lw.end > float(case.trace.time[0])) if len(case.trace) else lw
+
+
 def predict_windows(model: PhaseModel, lw: LiveWindows) -> WindowPredictions:
     """The model's answer for each live window, as `OnsetAlarm.update` gets it tick by tick.
 
@@ -234,8 +249,8 @@ class OnsetTable(train.WindowTable):
 
 
 def build_onset_table(cases: Sequence[AlarmCase], config: WindowConfig | None = None) -> OnsetTable:
-    """Windows of every case's watched trace as the live alarm judges them (`live_windows`), labelled per
-    window; the layout of `train.build_table`."""
+    """Windows of every case's watched trace as the live alarm judges them (`case_windows`: with the case's
+    context as history), labelled per window; the layout of `train.build_table`."""
     cfg = config or onset_config()
     t0 = time.perf_counter()
     examples = [case_example(c) for c in cases]
@@ -248,7 +263,7 @@ def build_onset_table(cases: Sequence[AlarmCase], config: WindowConfig | None = 
         if device_limits(ex.trace, True) != device_limits(ex.trace, False):
             variants.append((0, False))  # as `build_table`: also learn to answer without the GPU table
         for copy, use_table in variants:
-            lw = live_windows(ex.trace, cfg, use_table=use_table)
+            lw = case_windows(case, cfg, use_table=use_table)
             if copy == 1:
                 live.append(lw)
             n = lw.end.size
@@ -264,7 +279,8 @@ def build_onset_table(cases: Sequence[AlarmCase], config: WindowConfig | None = 
 
 
 def case_predictor(cases: Sequence[AlarmCase], table: OnsetTable) -> alert_eval.Predictor:
-    """An `alert_eval.Predictor` for the cases the table was built from: each case's live windows."""
+    """An `alert_eval.Predictor` for the cases the table was built from: each case's live windows (with its
+    context, as in the table: the refit and the nested CV judge the same windows)."""
     by_trace = {id(c.trace): lw for c, lw in zip(cases, table.live, strict=True)}
 
     def predict(model: Any, trace: Trace) -> WindowPredictions:
