@@ -301,6 +301,50 @@ def test_a_dead_metrics_url_is_one_note(shared_data: Path) -> None:
     assert len(notes) == 1 and "127.0.0.1:9" in notes[0] and scraper.failures == 3
 
 
+def test_a_server_that_stops_answering_shows_no_kpis_not_its_last_ones(shared_data: Path) -> None:
+    from phasescope.errors import SourceError
+    from phasescope.sources.scrape import read_file
+    from tests.live_helpers import ticks
+
+    traces = training_traces(shared_data)
+    state = LiveState("replay")
+    for batch in ticks(traces, 0, 2):
+        state.ingest(batch)
+    answers: list[object] = [read_file(shared_data / VLLM), SourceError("http://gpu1/metrics: down")]
+
+    def fetch(url: str, timeout: float) -> object:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    scraper = ScrapeKpiReader("http://gpu1/metrics", device="1", fetch=fetch)
+    annotate = Annotator(None, None, [scraper])
+    gpu1 = traces[1].device.uuid
+    scraper.poll_once()
+    annotate(state)
+    assert {r.key: r for r in state.rows()}[gpu1].cells["kpi"].startswith("p50 ")
+    scraper.poll_once()  # the server is gone: its latency is no longer current
+    annotate(state)
+    assert scraper.kpis == {} and {r.key: r for r in state.rows()}[gpu1].cells["kpi"] == "–"
+    assert any("down" in e for e in state.events())
+
+
+@pytest.mark.parametrize("n_devices", [1, 2])
+def test_a_scrape_for_a_device_not_here_says_so(shared_data: Path, metrics_url: str, n_devices: int) -> None:
+    from tests.live_helpers import ticks
+
+    traces = training_traces(shared_data)[:n_devices]
+    state = LiveState("replay")
+    for batch in ticks(traces, 0, 2):
+        state.ingest(batch)
+    scraper = ScrapeKpiReader(metrics_url, device="5")
+    scraper.poll_once()
+    Annotator(None, None, [scraper])(state)
+    notes = [e for e in state.events() if "--scrape" in e]
+    assert len(notes) == 1 and "@5: no such device here" in notes[0], notes
+
+
 def test_top_once_with_a_scrape(shared_data: Path, metrics_url: str,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     from phasescope.cli import main

@@ -120,6 +120,30 @@ def test_a_lost_device_goes_unknown_once_its_window_is_empty(
     assert lc.reading(keep).phase != "unknown"  # type: ignore[union-attr]
 
 
+def test_a_gpu_whose_rows_turn_nan_goes_unknown_at_the_next_run(
+    migration: list[Trace], model: PhaseModel
+) -> None:
+    """NVML keeps a lost GPU's row, all NaN: the samples before the loss must not keep (or give) it a phase
+    for the rest of the window, nor meter its time under one."""
+    lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
+    state = LiveState("replay")
+    all_ticks = list(ticks(migration, stop=110))
+    for batch in all_ticks[:100]:
+        state.ingest(batch)
+        lc.update(state)
+    lost, keep = migration[0].device.uuid, migration[1].device.uuid
+    assert lc.reading(lost).phase != "unknown"  # type: ignore[union-attr]
+    for batch in all_ticks[100:107]:  # one classifier run later, with 23 s of pre-loss data in its window
+        values = batch.values.copy()
+        values[0] = np.nan
+        state.ingest(TickBatch(batch.time, batch.devices, values))
+        lc.update(state)
+    r = lc.reading(lost)
+    assert r is not None and r.phase == "unknown" and not r.training_alarm
+    assert lc.phases()[lost] == "unknown"  # what the energy meter attributes its time to
+    assert lc.reading(keep).phase != "unknown"  # type: ignore[union-attr]
+
+
 class _Scripted:
     """A stand-in model whose newest window says what the script says (to test the switching rule alone)."""
 

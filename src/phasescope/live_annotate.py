@@ -208,6 +208,7 @@ class ScrapeKpiReader:
             self.failures += 1
             if self.failures == 1:
                 self.notes.append(f"--scrape: {exc}")
+            self.kpis = {}  # a server that stopped answering has no current figures: "–", not the last ones
             return
         engines = server_kpis(cur, self._prev)
         self._prev = cur
@@ -282,6 +283,13 @@ class Annotator:
                     self._said.add(line)
                     state.note(line)
             target = scrape.target(state)
+            if target is None and scrape.device is not None and state.device_uuids():
+                ask = (f"--scrape {scrape.url}@{scrape.device}: no such device here (expected the index or "
+                       "uuid of a watched device)")
+                if ask not in self._said:
+                    self._said.add(ask)
+                    state.note(ask)
+                continue
             if target is None:
                 ask = f"--scrape {scrape.url}: which device? give it as URL@INDEX"
                 if ask not in self._said and len(state.device_uuids()) > 1:

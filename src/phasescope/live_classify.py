@@ -169,11 +169,12 @@ class LiveClassifier:
             if not due:
                 continue
             trace = self._recent(state, uuid, t_now, self.window_s)
-            phase, proba = self._judge(trace)
+            dark = _dark(state, uuid, trace)
+            phase, proba = (UNKNOWN, {}) if dark else self._judge(trace)
             with self._lock:
                 track.last_run = t_now
                 self.runs += 1
-                self._advance(track, t_now, phase, proba, dark=state.is_lost(uuid) or not len(trace))
+                self._advance(track, t_now, phase, proba, dark=dark)
 
     def _new_track(self) -> _DeviceTrack:
         track = _DeviceTrack()
@@ -187,9 +188,10 @@ class LiveClassifier:
     ) -> None:
         """Feed the device's last HISTORY_S seconds to its onset alarm; the reading follows its state."""
         trace = self._recent(state, uuid, t_now, onset.HISTORY_S)
-        if not len(trace):  # dark: whatever held has ended; start afresh when data returns
+        dark = _dark(state, uuid, trace)
+        if dark:  # whatever held has ended; start afresh when data returns
             alarm = track.alarm = onset.OnsetAlarm(alarm.model, alarm.params)
-        fired = alarm.update(trace)
+        fired = False if dark else alarm.update(trace)
         with self._lock:
             track.alarm_run = t_now
             self.alarm_runs += 1
@@ -274,3 +276,11 @@ class LiveClassifier:
         """uuid -> current phase, for every device with a reading (what the energy meter attributes to)."""
         with self._lock:
             return {u: t.reading.phase for u, t in self._tracks.items() if t.reading}
+
+
+def _dark(state: LiveState, uuid: str, recent: Trace) -> bool:
+    """Whether a device is dark now (`LiveState.is_dark`, e.g. a GPU off the bus), or has nothing in its
+    recent window. Its older samples in the window no longer describe it, so nothing is judged from them:
+    judging them kept a lost GPU's phase (or gave it a new one) for a whole window after it was gone, with
+    its time metered under that phase."""
+    return state.is_dark(uuid) or not len(recent)

@@ -145,7 +145,8 @@ def open_history(
     if traces:
         say(loaded_note(path, traces, now) + writing)
     elif not exists:
-        say(f"{where}: a new store, nothing to load yet{writing}")
+        if writer is not None:  # else the line above said why nothing is stored
+            say(f"{where}: a new store, nothing to load yet{writing}")
     elif not failed and history_s > 0:
         say(f"{where}: nothing from the last {history_s / 60:g} min for the watched devices{writing}")
     if not traces and writer is None:

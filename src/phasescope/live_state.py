@@ -401,6 +401,13 @@ class LiveState:
         with self._lock:
             return self._devices[uuid].lost
 
+    def is_dark(self, uuid: str) -> bool:
+        """Lost, or no value at all in its newest tick after it had data (NVML keeps a GPU that fell off the
+        bus as an all-NaN row): what the views mark NO DATA."""
+        with self._lock:
+            dev = self._devices[uuid]
+            return dev.lost or _went_dark(dev)
+
     def events(self) -> list[str]:
         with self._lock:
             return list(self._events)

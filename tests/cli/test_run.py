@@ -181,3 +181,85 @@ def test_signals_are_forwarded(tmp_path: Path, run_env: dict[str, str], sig: sig
     assert marker.read_text() == sig.name
     assert proc.returncode == 42, err
     assert out.exists()  # the summary is still written after the signal
+
+
+def test_an_unwritable_output_is_refused_before_the_command_runs(
+    tmp_path: Path, run_env: dict[str, str]
+) -> None:
+    marker = tmp_path / "ran"
+    for option in ("--json", "--report", "--events"):
+        out = tmp_path / "no-such-dir" / "nested" / "out"
+        cmd = [sys.executable, "-m", "phasescope", "run", "--source", "none", "--report", "-", option,
+               str(tmp_path / "a-file" / "out") if option == "--events" else str(out),
+               "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+        (tmp_path / "a-file").write_text("")
+        proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and option in lines[0] and "expected" in lines[0], proc.stderr
+        assert not marker.exists()  # nothing ran
+
+
+def test_an_output_that_fails_at_the_end_keeps_the_other_and_the_exit_code(
+    tmp_path: Path, run_env: dict[str, str]
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    report = tmp_path / "report.html"
+    cmd = [sys.executable, "-m", "phasescope", "run", "--source", "none", "--quiet", "--json",
+           str(gone / "out.json"), "--report", str(report), "--",
+           sys.executable, "-c", f"import shutil, sys; shutil.rmtree({str(gone)!r}); sys.exit(5)"]
+    proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 5, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if "--json" in ln and "expected a writable" in ln]
+    assert "<html>" in report.read_text()
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--interval", "0.05"], ["--scrape-interval", "0"], ["--scrape-interval", "inf"], ["--idle-gap", "0"]],
+)
+def test_bad_numbers_are_refused_before_the_command_runs(
+    tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--scrape-interval 0 used to scrape in a tight loop; --interval 0.05 only said so after the run."""
+    from phasescope.cli import main
+
+    marker = tmp_path / "ran"
+    args = ["run", "--source", "none", "--report", "-", *option, "--", sys.executable, "-c",
+            f"open({str(marker)!r}, 'w')"]
+    assert main(args) == 2
+    assert option[0] in capsys.readouterr().err and not marker.exists()
+
+
+def test_a_gpu_lost_during_the_run_is_said_in_the_summary(fake_nvml: Any, shared_data: Path) -> None:
+    """NVML's "GPU lost" event used to be dropped: the summary showed the GPU's few samples as if whole."""
+    from phasescope.cli.run import DeviceWatch
+    from tests.live_helpers import training_traces
+
+    fake = fake_nvml(training_traces(shared_data))
+    fake.lose(1, from_tick=3)
+    watch = DeviceWatch("nvml", 0.1)
+    watch.start()
+    deadline = time.monotonic() + 30
+    while fake.calls["nvmlDeviceGetUtilizationRates"] < 12 and time.monotonic() < deadline:
+        fake.advance()
+        time.sleep(0.1)
+    telemetry = watch.finish()
+    assert len(telemetry["devices"]) == 2
+    lost = [n for n in watch.notes if "GPU lost" in n]
+    assert len(lost) == 1 and lost[0].startswith("device: GPU lost: #1 "), watch.notes
+
+
+def test_a_kept_events_directory_summarises_only_this_run(tmp_path: Path, run_env: dict[str, str]) -> None:
+    """Run twice with the same --events DIR: the second summary used to count the first run's steps too."""
+    events = tmp_path / "events"
+    docs = []
+    for _ in range(2):
+        proc, doc = phasescope_run(tmp_path, run_env, "mlp_train.py", "5", extra=("--events", str(events)))
+        assert proc.returncode == 0, proc.stderr
+        docs.append(doc)
+    assert [d["steps"] for d in docs] == [5, 5]
+    assert len(docs[1]["processes"]) == 1 and len(list(events.glob("meta-*.json"))) == 2
+    assert any("1 process(es) of an earlier run" in n for n in docs[1]["notes"])

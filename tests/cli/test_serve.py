@@ -157,3 +157,12 @@ def test_a_store_another_process_writes_is_one_clear_line(tmp_path: Path) -> Non
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"live.sqlite: process {os.getpid()} on " in done.stderr
     assert "is writing this store now" in done.stderr and "use a different --store path" in done.stderr
+
+
+def test_a_store_that_cannot_be_created_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / "a-file" / "live.sqlite"  # its directory cannot be made: a file is in the way
+    done = _run("--port", "0", "--source", "host", "--store", str(path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{path}: --store: expected a store file that can be created" in lines[0]

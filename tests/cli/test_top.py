@@ -116,6 +116,27 @@ def test_auto_without_nvml_falls_back_to_the_host(fake_nvml: Callable[..., objec
     assert len(notice) == 1 and "--source host" in notice[0]
 
 
+@pytest.mark.parametrize("spec", ["auto", "nvml"])
+def test_open_watched_gives_the_host_row_when_asked_on_gpus(
+    fake_nvml: Callable[..., object], shared_data: Path, spec: str
+) -> None:
+    """`demo` (host_row=True, default --source auto) shows the host row, where its CPU workloads appear;
+    `auto` used to leave it out on a GPU machine, so they showed as "processes (no device)"."""
+    from phasescope.cli.top import open_watched
+    from phasescope.sources.host import is_host_device
+    from tests.live_helpers import training_traces
+
+    fake_nvml(training_traces(shared_data))
+    for host_row in (True, False):
+        source = open_watched(spec, lambda line: None, host_row=host_row)
+        try:
+            hosts = [d for d in source.devices() if is_host_device(d)]
+            assert len(source.devices()) == 2 + len(hosts) and len(hosts) == int(host_row)
+            assert len(source.read().devices) == len(source.devices())
+        finally:
+            source.close()
+
+
 # ---- `top --store`: history from the live store on start, new samples written to it ----
 
 SPAR_A100 = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
@@ -297,6 +318,22 @@ def test_a_new_store_is_created_and_filled(
         assert {d.uuid for d in store.devices()} == {
             "GPU-42e33043-7008-2803-9ba8-9bb9ef7d0845", "GPU-bff95c83-0adb-feb7-9825-359f31b26de8"}
         assert store.count() >= 4
+
+
+def test_a_store_that_cannot_be_created_is_said_and_not_called_new(
+    shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last line said used to be "a new store, nothing to load yet", which hid (in the full-screen
+    status line) that nothing was being stored."""
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / "a-file" / "live.sqlite"
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--no-classify", "--interval", "0.1", "--store", str(path),
+                 "--source", spec]) == 0
+    out, err = capsys.readouterr()
+    said = [ln for ln in err.splitlines() if "history:" in ln]
+    assert len(said) == 1 and said[0].endswith("new samples are not stored"), said
+    assert "a new store" not in out + err
 
 
 def test_bad_history_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import numpy as np
@@ -109,6 +110,35 @@ def test_http_errors_become_source_errors() -> None:
         c.series("{}", 0, 1)
     with pytest.raises(InputError, match="--prometheus"):
         PromClient("prom:9090")
+
+
+@pytest.mark.parametrize(
+    ("call", "answer", "says"),
+    [
+        ("series", {"status": "success", "data": {"a": 1}}, "/api/v1/series: expected a list of label sets"),
+        ("series", {"status": "success", "data": ["GPU-a"]}, "/api/v1/series: expected a list of label sets"),
+        ("series", [1, 2], "/api/v1/series: expected a JSON API answer"),
+        ("query", {"status": "success", "data": {"resultType": "vector", "result": [{"foo": 1}]}},
+         "/api/v1/query: expected results of {metric, value"),
+        ("query", {"status": "success", "data": {"resultType": "vector",
+                                                 "result": [{"metric": {}, "value": [1, "soon"]}]}},
+         "/api/v1/query: expected results of {metric, value"),
+        ("query_range", [1, 2], "query_range: expected a JSON API answer"),
+        ("query_range", {"status": "success", "data": {"resultType": "matrix", "result": [{"values": 3}]}},
+         "query_range: expected series of {metric, values"),
+    ],
+)
+def test_malformed_answers_are_one_line(call: str, answer: object, says: str) -> None:
+    """A proxy or a half-compatible server answering 200 with the wrong shape: one line, not a traceback."""
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=answer)
+
+    with PromClient("http://prom:9090", transport=httpx.MockTransport(handler)) as c:
+        fn = {"series": lambda: c.series("{}", 0, 1), "query": lambda: c.query("up", 1),
+              "query_range": lambda: c.query_range("up", 0, 1, 1)}[call]
+        with pytest.raises(SourceError, match=re.escape(says)):
+            fn()
 
 
 @pytest.mark.parametrize(

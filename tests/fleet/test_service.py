@@ -123,3 +123,39 @@ def test_scheduled_passes_run_in_the_background(fleet_traces: dict[str, Trace], 
     finally:
         svc.stop()
     assert svc.snapshot().passes >= 2
+
+
+def test_each_new_failure_is_said_once(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
+    """`fleet --serve` logs why passes fail (before, only /metrics and the page knew), once per reason."""
+    result = _result(fleet_traces, model)
+    down = SourceError("http://p:9090: cannot reach the Prometheus API")
+    answers: list[Any] = [down, down, result, down]
+
+    def flaky(opts: ScanOptions, **kw: Any) -> ScanResult:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    said: list[str] = []
+    svc = FleetService(ScanOptions(url="http://p:9090"), 60, model=model, scan_fn=flaky, say=said.append)
+    for _ in range(4):
+        svc.run_once()
+    assert said == [str(down), str(down)]  # down, (still down), up, down again
+
+
+def test_serve_on_a_taken_port_is_one_clear_line() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "phasescope", "fleet", "--prometheus", "http://127.0.0.1:9", "--serve",
+               "--port", str(port)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"phasescope: cannot listen on 127.0.0.1:{port}: "), lines

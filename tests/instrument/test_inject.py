@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from phasescope.instrument import events as ev
 from phasescope.instrument.inject import child_env
 
@@ -39,3 +41,26 @@ def test_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:
     env["PYTHONPATH"] += ":" + str(own)
     proc = _run("import os; print(os.environ.get('OWN_SITECUSTOMIZE'))", env)
     assert proc.stdout.strip() == "ran", proc.stderr
+
+
+def test_phasescope_root_never_shadows_the_programs_own_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed (not editable), phasescope's root is a whole site-packages: on the child's PYTHONPATH it
+    came before the child's stdlib and site-packages, so its numpy, torch, ... shadowed the program's."""
+    import phasescope
+    from phasescope.instrument import inject
+
+    root = tmp_path / "site-packages"  # a phasescope install root that also holds a module named json
+    root.mkdir()
+    (root / "phasescope").symlink_to(Path(phasescope.__file__).parent, target_is_directory=True)
+    (root / "json").mkdir()
+    (root / "json" / "__init__.py").write_text("raise ImportError('shadowed by phasescope\\'s root')\n")
+    monkeypatch.setattr(inject, "INJECT_DIR", root / "phasescope" / "instrument" / "inject")
+    env = child_env(tmp_path / "events")
+    code = ("import json, sys\nprint(json.__file__)\nprint(sys.path[-1])\n"
+            "import torch\nfrom phasescope.instrument import current\nassert current() is not None\n")
+    proc = _run(code, env)
+    assert proc.returncode == 0, proc.stderr
+    json_file, last = proc.stdout.split()
+    assert not json_file.startswith(str(root)) and last == str(root)

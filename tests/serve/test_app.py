@@ -372,3 +372,20 @@ def test_the_ring_holds_what_the_alarm_reads_at_10_hz(shared_data: Path) -> None
     a.classifier._recent = spy  # type: ignore[method-assign]
     feed(a, ticks(traces, stop=1500))
     assert seen and max(seen) > 115  # with 900 ticks at 10 Hz it was at most 90 s
+
+
+def test_a_gpu_off_the_bus_is_lost_in_the_api(shared_data: Path) -> None:
+    """NVML keeps a lost GPU listed with all-NaN rows: /api/state said "lost": false (and the page never
+    showed NO DATA) while the terminal view said NO DATA."""
+    traces = read(shared_data / MIGRATION_RUN)
+    a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    batches = list(ticks(traces, stop=23))
+    feed(a, iter(batches[:20]))
+    gone = traces[0].device.uuid
+    assert not any(d["lost"] for d in a.snapshot()["devices"])
+    for batch in batches[20:]:
+        values = batch.values.copy()
+        values[0] = np.nan
+        a.on_tick(TickBatch(batch.time, batch.devices, values))
+    lost = {d["uuid"]: d["lost"] for d in a.snapshot()["devices"]}
+    assert lost[gone] and not any(v for u, v in lost.items() if u != gone)

@@ -129,6 +129,39 @@ def test_curl_noise_is_ignored_and_garbage_is_one_clear_error(shared_data: Path)
         parse_text("vllm:num_requests_running{model_name=\"a\"} not-a-number\n", "bad")
 
 
+def test_bad_bucket_bound_and_header_only_pages_are_one_clear_error() -> None:
+    """A non-numeric `le` used to raise a bare ValueError later, in server_kpis (a traceback from `scrape`,
+    and from `run --scrape` after the command had run); a page of HELP/TYPE lines only passed as metrics."""
+    hist = "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+    bad = (hist + 'vllm:e2e_request_latency_seconds_bucket{le="soon"} 3\n'
+           "vllm:e2e_request_latency_seconds_count 3\n")
+    with pytest.raises(InputError, match=r"^bad: vllm:e2e_request_latency_seconds_bucket le: expected a num"):
+        parse_text(bad, "bad")
+    with pytest.raises(InputError, match=r"^empty: metrics text: expected at least one Prometheus sample"):
+        parse_text("# HELP vllm:e2e_request_latency_seconds latency\n" + hist, "empty")
+
+
+def test_scrape_json_that_cannot_be_written_is_one_line(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phasescope.cli import main
+
+    out = tmp_path / "no-such-dir" / "kpis.json"
+    assert main(["scrape", str(shared_data / VLLM_V0V1), "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--json: expected a writable file path" in err[0]
+
+
+@pytest.mark.parametrize("option", [["--timeout", "-1"], ["--timeout", "0"], ["--window", "inf"]])
+def test_scrape_bad_numbers_are_usage_errors(option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """--timeout -1 and --window inf used to end in a traceback (socket timeout, time.sleep)."""
+    from phasescope.cli import main
+
+    assert main(["scrape", "http://127.0.0.1:9/metrics", *option]) == 2
+    err = capsys.readouterr().err
+    assert option[0] in err and "Traceback" not in err
+
+
 def test_triton_names() -> None:
     # No real Triton capture is available; this exposition uses Triton's documented metric names and units
     # (cumulative microsecond counters, first-response histogram in ms) to check the mapping only.

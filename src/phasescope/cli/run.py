@@ -19,7 +19,8 @@ import click
 import numpy as np
 from rich.console import Console
 
-from phasescope.errors import PhasescopeError
+from phasescope.cli._output import check_writable, write_output
+from phasescope.errors import InputError, PhasescopeError
 from phasescope.instrument.analysis import summarize
 from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
@@ -53,6 +54,9 @@ class DeviceWatch:
         self._thread.start()
 
     def _on_tick(self, tick: Any) -> None:
+        for event in tick.events:  # e.g. a GPU lost mid-run: the summary says so, once
+            if f"device: {event}" not in self.notes:
+                self.notes.append(f"device: {event}")
         if not self.devices:
             self.devices = list(tick.devices)
         if [d.uuid for d in tick.devices] == [d.uuid for d in self.devices]:
@@ -150,18 +154,18 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="HTML report to write (default: phasescope-run-<time>.html here; '-' for none).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
-@click.option("--interval", type=float, default=1.0, show_default=True,
-              help="Device sampling interval, seconds.")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
+              help="Device sampling interval, seconds (0.1 = 10 Hz).")
 @click.option("--source", default="auto", show_default=True,
               help="Device to watch: auto, nvml, host, replay:PATH, or none.")
 @click.option("--events", "events_path", type=click.Path(file_okay=False),
               help="Keep the raw hook events in this directory (default: a temporary one).")
-@click.option("--idle-gap", type=float, default=10.0, show_default=True,
+@click.option("--idle-gap", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="A pause longer than this (seconds) between forwards is an idle segment.")
 @click.option("--scrape", "scrape_urls", multiple=True, metavar="URL",
               help="Also scrape this vLLM / TGI / Triton /metrics endpoint while the command runs and report "
                    "its inference KPIs over that time (repeatable).")
-@click.option("--scrape-interval", type=float, default=5.0, show_default=True,
+@click.option("--scrape-interval", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
               help="Seconds between scrapes of --scrape endpoints.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -172,11 +176,22 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
 
     Example: phasescope run --json run.json -- python train.py --epochs 1
     """
+    # Outputs that cannot be written are refused now, not after the command has run for hours.
+    report = None if report_path == "-" else Path(
+        report_path or time.strftime("phasescope-run-%Y%m%d-%H%M%S.html", time.localtime()))
+    outputs = [(Path(json_path), "--json")] if json_path else []
+    outputs += [(report, "--report")] if report is not None else []
+    for path, option in outputs:
+        check_writable(path, option)
     watch = DeviceWatch(source, interval)
     with contextlib.ExitStack() as stack:
         if events_path:
             events_dir = Path(events_path)
-            events_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                events_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InputError(events_dir, "--events", "a directory that can be created and written",
+                                 exc.strerror or str(exc)) from None
         else:
             events_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="phasescope-run-")))
         watch.start()
@@ -188,7 +203,14 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
         servers = [kpi for poller in pollers for kpi in poller.finish()]
         notes = list(watch.notes) + [n for poller in pollers for n in poller.notes]
         try:
-            doc: dict[str, Any] = summarize(load_events(events_dir), idle_gap_s=idle_gap)
+            events = load_events(events_dir)
+            # An --events directory kept from an earlier run: only this run's processes (their last write
+            # is after it started) are summarised, not the earlier run's too.
+            mine = [pe for pe in events if float((pe.meta.get("anchor") or [start])[0]) >= start]
+            if len(mine) < len(events):
+                left = len(events) - len(mine)
+                notes.append(f"{left} process(es) of an earlier run in {events_dir} left out")
+            doc: dict[str, Any] = summarize(mine, idle_gap_s=idle_gap)
         except Exception as exc:  # the command's exit code must survive a bad or partial event log
             notes.append(f"hook events not summarised: {type(exc).__name__}: {exc}")
             doc = summarize([], idle_gap_s=idle_gap)
@@ -200,13 +222,12 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
                telemetry=telemetry, servers=servers, notes=notes)
     if not quiet:
         print_summary(doc, Console(stderr=True))
+    # A write that fails now (disk full) is one line; the other output is still written and the command's
+    # exit code still returned.
     if json_path:
-        Path(json_path).write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    if report_path != "-":
-        path = Path(report_path or time.strftime("phasescope-run-%Y%m%d-%H%M%S.html", time.localtime(start)))
-        path.write_text(render_html(doc))
-        if not quiet:
-            click.echo(f"report: {path}", err=True)
+        write_output(Path(json_path), "--json", json.dumps(doc, indent=1, default=_json_default) + "\n")
+    if report is not None and write_output(report, "--report", render_html(doc)) and not quiet:
+        click.echo(f"report: {report}", err=True)
     sys.exit(code)
 
 

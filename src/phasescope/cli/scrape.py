@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import click
 from rich.console import Console
 
+from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError
 from phasescope.instrument.run_report import print_servers
 from phasescope.sources.scrape import fetch, read_file, server_kpis
@@ -16,17 +18,20 @@ from phasescope.sources.scrape import fetch, read_file, server_kpis
 
 @click.command()
 @click.argument("target")
-@click.option("--window", type=float, default=10.0, show_default=True,
+@click.option("--window", type=click.FloatRange(0, 86_400), default=10.0, show_default=True,
               help="URL: seconds between the two scrapes that rates and percentiles cover; 0 = one scrape, "
                    "totals and percentiles since the server started.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the KPIs as JSON here.")
-@click.option("--timeout", type=float, default=5.0, show_default=True, help="HTTP timeout, seconds.")
+@click.option("--timeout", type=click.FloatRange(0, 3600, min_open=True), default=5.0, show_default=True,
+              help="HTTP timeout, seconds.")
 def command(target: str, window: float, json_path: str | None, timeout: float) -> None:
     """Derive requests/s, latency p50/p95/p99, TTFT, inter-token latency and tokens/s from a serving
     engine's Prometheus metrics (a URL, or a saved scrape FILE: since-start figures only).
 
     Example: phasescope scrape http://localhost:8000/metrics --window 30
     """
+    if json_path:
+        check_writable(Path(json_path), "--json")
     if target.startswith(("http://", "https://")):
         first = fetch(target, timeout)
         if window > 0:
@@ -40,5 +45,5 @@ def command(target: str, window: float, json_path: str | None, timeout: float) -
         raise InputError(target, "metrics", "vLLM (vllm:*), TGI (tgi_*) or Triton (nv_inference_*) metrics",
                          "none of them")
     print_servers(kpis, Console())
-    if json_path:
-        Path(json_path).write_text(json.dumps(kpis, indent=1) + "\n")
+    if json_path and not write_output(Path(json_path), "--json", json.dumps(kpis, indent=1) + "\n"):
+        sys.exit(2)

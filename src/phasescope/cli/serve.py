@@ -207,6 +207,11 @@ def bind(host: str, port: int) -> socket.socket:
 def _open_store(path: str | None) -> Any:
     if path is None:
         return None
+    from phasescope.errors import InputError
     from phasescope.store import open_for_writing
 
-    return open_for_writing(path)
+    try:
+        return open_for_writing(path)
+    except OSError as exc:  # e.g. its directory cannot be created
+        raise InputError(path, "--store", "a store file that can be created and written",
+                         exc.strerror or str(exc)) from None

@@ -324,11 +324,12 @@ def open_watched(spec: str, say: Callable[[str], None], host_row: bool) -> LiveS
 
     `host_row=True` also shows the host itself and its torch processes that use no GPU.
     """
+    from phasescope.sources.host import CombinedSource, HostSource
     from phasescope.sources.open import open_source
 
     source = open_source(spec, say=say)
     if source.name == "nvml":
-        from phasescope.sources.host import CombinedSource, HostSource
-
         return CombinedSource(source, HostSource(), host_row=host_row)
+    if isinstance(source, CombinedSource):  # `auto` found NVML: the host row as asked, as for `nvml`
+        source.host_row = host_row
     return source

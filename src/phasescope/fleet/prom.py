@@ -111,8 +111,10 @@ class PromClient:
         try:
             doc = json.loads(body)
         except json.JSONDecodeError:
-            raise SourceError(f"{self.url}{path}: expected a JSON API answer, got {body[:60]!r}") from None
-        if not isinstance(doc, dict) or doc.get("status") != "success":
+            doc = None
+        if not isinstance(doc, dict):
+            raise SourceError(f"{self.url}{path}: expected a JSON API answer, got {body[:60]!r}")
+        if doc.get("status") != "success":
             raise SourceError(f"{self.url}{path}: {_api_error(body)}")
         return doc.get("data")
 
@@ -120,6 +122,8 @@ class PromClient:
 
     def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:
         data = self._json("/api/v1/series", {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
+        if not isinstance(data, list | None) or not all(isinstance(d, dict) for d in data or []):
+            raise SourceError(f"{self.url}/api/v1/series: expected a list of label sets, got {_cut(data)}")
         return [dict(d) for d in data or []]
 
     def query(self, query: str, time: float) -> list[tuple[dict[str, str], float]]:
@@ -127,7 +131,13 @@ class PromClient:
         data = self._json("/api/v1/query", {"query": query, "time": f"{time:.3f}"})
         if not isinstance(data, dict) or data.get("resultType") != "vector":
             raise SourceError(f"{self.url}: expected a vector answer to {query[:60]!r}")
-        return [(dict(r["metric"]), float(r["value"][1])) for r in data.get("result", [])]
+        try:
+            return [(dict(r["metric"]), float(r["value"][1])) for r in data.get("result") or []]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise SourceError(
+                f'{self.url}/api/v1/query: expected results of {{metric, value: [time, "value"]}} to '
+                f"{query[:60]!r}, got {_cut(data.get('result'))}"
+            ) from None
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]:
         """A range query, split in time so that no piece asks for more than MAX_POINTS points per series."""
@@ -145,6 +155,12 @@ class PromClient:
             out.extend(parse_matrix(body, f"{self.url}/api/v1/query_range"))
             t = t_end + step
         return out
+
+
+def _cut(value: object, limit: int = 80) -> str:
+    """A malformed answer's part, short enough for one line."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _api_error(body: bytes) -> str:
@@ -230,20 +246,29 @@ def _parse_matrix_json(body: bytes, where: str) -> list[Series]:
     try:
         doc = json.loads(body)
     except json.JSONDecodeError:
-        raise SourceError(f"{where}: expected a JSON API answer, got {body[:60]!r}") from None
+        doc = None
+    if not isinstance(doc, dict):
+        raise SourceError(f"{where}: expected a JSON API answer, got {body[:60]!r}")
     if doc.get("status") != "success":
         raise SourceError(f"{where}: {_api_error(body)}")
     data = doc.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise SourceError(f"{where}: expected a matrix answer, got {data.get('resultType')!r}")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        got = data.get("resultType") if isinstance(data, dict) else data
+        raise SourceError(f"{where}: expected a matrix answer, got {_cut(got)}")
     out = []
-    for r in data.get("result", []):
-        vals = r.get("values") or []
-        out.append(
-            Series(
-                dict(r.get("metric", {})),
-                np.array([float(p[0]) for p in vals], dtype=np.float64),
-                np.array([float(p[1]) for p in vals], dtype=np.float64),
+    try:
+        for r in data.get("result") or []:
+            vals = r.get("values") or []
+            out.append(
+                Series(
+                    dict(r.get("metric", {})),
+                    np.array([float(p[0]) for p in vals], dtype=np.float64),
+                    np.array([float(p[1]) for p in vals], dtype=np.float64),
+                )
             )
-        )
+    except (AttributeError, IndexError, TypeError, ValueError):
+        raise SourceError(
+            f'{where}: expected series of {{metric, values: [[time, "value"], ...]}}, got '
+            f"{_cut(data.get('result'))}"
+        ) from None
     return out

@@ -59,8 +59,10 @@ class FleetService:
         prices: Callable[[str], Prices] | None = None,
         model: PhaseModel | None = None,
         scan_fn: Callable[..., ScanResult] = scan,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.opts = opts
+        self.say = say  # gets each new reason a pass failed (the service's log), once until it changes
         self.every_s = every_s
         self.prices = prices
         self.model = model or PhaseModel.load()
@@ -78,14 +80,10 @@ class FleetService:
         try:
             result = self._scan(self.opts, model=self.model, prices=self.prices)
         except PhasescopeError as exc:  # Prometheus down or refusing: keep the last result, say why
-            with self._lock:
-                self._state.error = str(exc)
-                self._state.failures += 1
+            self._failed(str(exc))
             return
         except Exception as exc:  # a bug must not end the schedule silently while /metrics says up
-            with self._lock:
-                self._state.error = f"fleet pass failed: {type(exc).__name__}: {exc}"
-                self._state.failures += 1
+            self._failed(f"fleet pass failed: {type(exc).__name__}: {exc}")
             return
         with self._lock:
             self._state.result = result
@@ -93,6 +91,14 @@ class FleetService:
             self._state.passes += 1
         for fn in self._listeners:
             fn(result)
+
+    def _failed(self, error: str) -> None:
+        with self._lock:
+            new = error != self._state.error
+            self._state.error = error
+            self._state.failures += 1
+        if new and self.say is not None:
+            self.say(error)
 
     def start(self) -> None:
         def loop() -> None:
@@ -304,15 +310,23 @@ def run_service(
     prices: Callable[[str], Prices] | None = None,
     otlp_endpoint: str | None = None,
 ) -> None:
-    import uvicorn
+    import sys
 
-    service = FleetService(opts, every_s, prices)
-    if otlp_endpoint:
-        from phasescope.fleet.otel import OtlpFleetExporter
+    from phasescope.cli.serve import bind, make_server, url_of
 
-        OtlpFleetExporter.to_endpoint(otlp_endpoint).attach(service)
-    service.start()
+    def say(line: str) -> None:
+        print(f"phasescope: {line}", file=sys.stderr, flush=True)
+
+    sock = bind(host, port)  # a taken port is one clear line, before any pass starts
+    service = FleetService(opts, every_s, prices, say=say)
     try:
-        uvicorn.run(make_app(service), host=host, port=port, log_level="warning")
+        if otlp_endpoint:
+            from phasescope.fleet.otel import OtlpFleetExporter
+
+            OtlpFleetExporter.to_endpoint(otlp_endpoint).attach(service)
+        service.start()
+        say(f"fleet: serving {url_of(sock)} (a pass of {opts.url} every {every_s:g}s)")
+        make_server(make_app(service)).run(sockets=[sock])
     finally:
         service.stop()
+        sock.close()

@@ -193,10 +193,11 @@ class Agent:
         return time.monotonic() - self._last_tick_mono <= max(UP_AFTER_INTERVALS * self.interval_s, 2.0)
 
     def devices(self) -> list[tuple[DeviceInfo, FloatArray, PhaseReading | None, bool]]:
-        """(identity, latest values, phase reading, lost) per device, in the order first seen."""
+        """(identity, latest values, phase reading, lost) per device, in the order first seen. Lost: no longer
+        listed, or no data now (a GPU off the bus, which NVML keeps listed), as the views' NO DATA."""
         out = []
         for uuid in self.state.device_uuids():
-            lost = self.state.is_lost(uuid)
+            lost = self.state.is_dark(uuid)
             latest = np.full(len(SIGNAL_NAMES), np.nan) if lost else self.state.latest(uuid)
             info = self.state.device_info(uuid)
             # The classifier judges GPU telemetry: its verdict on the host's CPU load is not shown.

@@ -60,6 +60,9 @@ def _chain_shadowed_sitecustomize() -> None:
 
 
 if os.environ.get("PHASESCOPE_EVENTS_DIR"):
+    _root = os.environ.get("PHASESCOPE_PKG_ROOT")  # inject.PKG_ROOT_ENV
+    if _root and _root not in sys.path:
+        sys.path.append(_root)  # last: the program's own modules always win over phasescope's install root
     if "torch" in sys.modules:
         _install()
     else:

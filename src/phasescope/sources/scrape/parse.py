@@ -105,17 +105,34 @@ def parse_text(text: str, where: str = "<metrics>", t: float | None = None) -> S
     scrape = Scrape(where, t)
     try:
         for fam in text_string_to_metric_families("\n".join(lines) + "\n"):
-            if fam.name.endswith("_created"):  # creation times of counters, not measurements
+            # _created: creation times of counters, not measurements; no samples: only HELP/TYPE lines (a
+            # labelled metric nobody has observed yet), which says nothing and must not count as metrics.
+            if fam.name.endswith("_created") or not fam.samples:
                 continue
+            bad = [s for s in fam.samples if fam.type == "histogram" and s.name.endswith("_bucket")
+                   and not _is_number(s.labels.get("le"))]
+            if bad:
+                raise InputError(where, f"{bad[0].name} le", "a number (the bucket's upper bound)",
+                                 bad[0].labels.get("le"))
             scrape.types[fam.name] = fam.type
             scrape.samples.setdefault(fam.name, []).extend(
                 (s.name, dict(s.labels), float(s.value)) for s in fam.samples)
+    except InputError:
+        raise
     except ValueError as exc:
         raise InputError(where, "metrics text", "Prometheus text exposition format", str(exc)) from exc
     if not scrape.samples:
         raise InputError(where, "metrics text", "at least one Prometheus sample",
                          f"{len(text.splitlines())} lines without one")
     return scrape
+
+
+def _is_number(text: str | None) -> bool:
+    try:
+        float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def read_file(path: str | Path) -> Scrape:
