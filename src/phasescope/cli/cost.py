@@ -13,7 +13,16 @@ from phasescope import config as configmod
 from phasescope.cli._options import price_options
 from phasescope.display import fmt_usd
 from phasescope.errors import InputError, PhasescopeError
-from phasescope.kpi.cost import Cost, Prices, cost_per_query, crossover, device_cost, phase_costs, total_cost
+from phasescope.kpi.cost import (
+    Cost,
+    Prices,
+    cost_per_query,
+    crossover,
+    device_cost,
+    mig_prices,
+    phase_costs,
+    total_cost,
+)
 from phasescope.kpi.energy import DeviceEnergy, device_energy
 from phasescope.schema import Trace
 
@@ -33,16 +42,19 @@ def _config(
     )
 
 
-def _prices(cfg: configmod.Config, results: Sequence[DeviceEnergy], flags: Prices) -> dict[str, Prices]:
-    """Per device: the file's prices for its model, with each price given as a flag put over them."""
+def _prices(
+    cfg: configmod.Config, traces: Sequence[Trace], flags: Prices
+) -> tuple[dict[str, Prices], dict[str, str]]:
+    """Per device: the file's prices for its model, with each price given as a flag put over them, then
+    shared out over MIG instances (kpi/cost.py `mig_shares`); and the note saying each MIG row's share."""
     out = {}
-    for r in results:
-        p = cfg.prices.for_device(r.name)
-        out[r.device] = Prices(
+    for t in traces:
+        p = cfg.prices.for_device(t.device.name)
+        out[t.device.uuid] = Prices(
             p.usd_per_gpu_hour if flags.usd_per_gpu_hour is None else flags.usd_per_gpu_hour,
             p.usd_per_kwh if flags.usd_per_kwh is None else flags.usd_per_kwh,
         )
-    return out
+    return mig_prices(out, [t.device for t in traces])
 
 
 def _read(paths: Sequence[str], fmt: str) -> list[Trace]:
@@ -86,10 +98,12 @@ def _cost_text(c: Cost) -> str:
     return f"  cost {fmt_usd(c.total_usd)} ({', '.join(parts)})"
 
 
-def _measured(paths: Sequence[str], fmt: str, cfg: configmod.Config, flags: Prices) -> tuple[Cost, list[Any]]:
+def _measured(
+    paths: Sequence[str], fmt: str, cfg: configmod.Config, flags: Prices
+) -> tuple[Cost, list[DeviceEnergy], dict[str, Prices]]:
     traces = _read(paths, fmt)
     results = [device_energy(t, gap_factor=cfg.thresholds.energy_gap_factor) for t in traces]
-    prices = _prices(cfg, results, flags)
+    prices, _ = _prices(cfg, traces, flags)
     if not any(p.priced for p in prices.values()):
         raise InputError(
             paths[0], "prices", "--price-gpu-hour or --price-kwh (or [prices] in the config file)", "none set"
@@ -100,7 +114,7 @@ def _measured(paths: Sequence[str], fmt: str, cfg: configmod.Config, flags: Pric
             paths[0], "energy", "a power or energy signal to price per kWh (or a --price-gpu-hour)",
             "none in the recording(s)",
         )
-    return total, results
+    return total, results, prices
 
 
 @click.group(name="cost")
@@ -179,14 +193,14 @@ def crossover_cmd(
         raise click.UsageError("give exactly one of --cost-per-query and --inference-recording")
     source = {"train_cost": "given", "cost_per_query": "given"}
     if train_recording:
-        measured, _ = _measured(train_recording, fmt, cfg, flags)
+        measured, _, _ = _measured(train_recording, fmt, cfg, flags)
         train_cost = measured.total_usd
         source["train_cost"] = f"measured from {len(train_recording)} recording(s)"
     if inference_recording:
         if requests is None:
             raise click.UsageError("--inference-recording needs --requests (requests served in it)")
-        _, results = _measured(inference_recording, fmt, cfg, flags)
-        per_query = cost_per_query(results, requests, _prices(cfg, results, flags))
+        _, results, prices = _measured(inference_recording, fmt, cfg, flags)
+        per_query = cost_per_query(results, requests, prices)
         cost_per_query_usd = per_query.total_usd
         source["cost_per_query"] = (
             f"measured from {len(inference_recording)} recording(s), {requests:g} requests"
@@ -259,7 +273,7 @@ def energy_cmd(
         segs, note = _segments(trace, model) if model is not None else (None, why_not)
         notes.append(note)
         results.append(device_energy(trace, segs, gap_factor=cfg.thresholds.energy_gap_factor))
-    prices = _prices(cfg, results, flags)
+    prices, mig_notes = _prices(cfg, traces, flags)
     for trace, r, note in zip(traces, results, notes, strict=True):
         cost = device_cost(r, prices[r.device])
         by_phase = phase_costs([r], prices)
@@ -269,6 +283,7 @@ def energy_cmd(
             row["cost"] = cost.to_dict()
             row["phase_costs"] = {k: v.to_dict() for k, v in by_phase.items()}
             row["phases_note"] = note
+            row["mig_note"] = mig_notes.get(r.device, "")
             click.echo(json.dumps(row))
             continue
         idx = trace.meta.get("gpu_index", trace.device.index)
@@ -282,6 +297,8 @@ def energy_cmd(
             + (f"  counter resets {r.resets}" if r.resets else "")
             + _cost_text(cost)
         )
+        if r.device in mig_notes:
+            click.echo(f"  {mig_notes[r.device]}")
         if note:
             click.echo(f"  whole trace only: {note}")
         for name, pe in sorted(r.phases.items(), key=lambda kv: -kv[1].seconds):

@@ -7,16 +7,21 @@ Two price components, either or both configured:
 
 A component whose price is not set is None, not 0, so "not priced" never reads as "free".
 Counts of steps, requests and tokens come from the caller (kpi/training.py, kpi/inference.py).
+
+A GPU split into MIG instances is one physical GPU: `mig_prices` turns each row's price into its share of
+the GPU's (see `MigShare`), so the parent row and its instances together cost one GPU-hour per hour.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from phasescope.kpi.energy import J_PER_KWH, DeviceEnergy
+from phasescope.schema import DeviceInfo
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -71,6 +76,122 @@ def _add(a: float | None, b: float | None) -> float | None:
     if a is None:
         return b
     return a if b is None else a + b
+
+
+# ---------------------------------------------------------------- MIG: one physical GPU, priced once
+
+# Compute slices of a whole GPU in MIG mode, by model (NVIDIA MIG user guide: A30 has 4, the others 7).
+# Matched as substrings of the lowercased model name, longest first; a model not listed splits equally.
+MIG_TOTAL_SLICES: Mapping[str, int] = {
+    "a30": 4, "a100": 7, "a800": 7, "h100": 7, "h200": 7, "h800": 7, "h20": 7, "gh200": 7,
+    "b100": 7, "b200": 7, "gb200": 7,
+}
+# A GPU-instance profile "3g.40gb" (also "1c.3g.40gb", "1g.10gb+me"): 3 compute slices.
+_PROFILE_RE = re.compile(r"(\d+)g\.\d+gb", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MigShare:
+    """The part of its physical GPU's prices one row pays. `time`: fraction of the GPU-hour price;
+    `energy`: fraction of the row's own measured energy that is priced (0 when the parent row prices it)."""
+
+    time: float
+    energy: float
+    note: str
+
+    def apply(self, prices: Prices) -> Prices:
+        return Prices(
+            None if prices.usd_per_gpu_hour is None else prices.usd_per_gpu_hour * self.time,
+            # 0: this row's power is the board's, priced on the parent row; None keeps "not priced here"
+            # apart from a measured $0.
+            None if prices.usd_per_kwh is None or self.energy == 0 else prices.usd_per_kwh * self.energy,
+        )
+
+
+def mig_slices(device: DeviceInfo) -> int | None:
+    """Compute slices of a MIG instance, from its GPU-instance profile (dcgm `GPU_I_PROFILE`, or the
+    NVML name "... MIG 3g.40gb"); None when neither says."""
+    for text in (device.extra.get("GPU_I_PROFILE", ""), device.name):
+        found = _PROFILE_RE.findall(text)
+        if found:
+            return int(found[-1])
+    return None
+
+
+def mig_total_slices(model: str) -> int | None:
+    lowered = model.lower()
+    for key in sorted(MIG_TOTAL_SLICES, key=len, reverse=True):
+        if key in lowered:
+            return MIG_TOTAL_SLICES[key]
+    return None
+
+
+def _frac(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def mig_shares(devices: Iterable[DeviceInfo]) -> dict[str, MigShare]:
+    """The share of its physical GPU's prices each MIG row pays, keyed by uuid (rows not in MIG: absent).
+
+    The rule: time cost belongs to the physical GPU; each instance pays its slices / the GPU's slices of
+    the GPU-hour (3g of 7 = 3/7), the parent row the unassigned rest; when a slice count is not known the
+    instances split it equally. Energy is the board's: priced on the parent row when the recording has one
+    (an instance's power, where a source gives one, is the same board reading), else on each instance at its
+    time share.
+    """
+    devs = {d.uuid: d for d in devices}
+    children: dict[str, list[DeviceInfo]] = {}
+    for d in devs.values():
+        if d.parent_uuid:
+            children.setdefault(d.parent_uuid, []).append(d)
+    out: dict[str, MigShare] = {}
+    for parent_uuid, kids in children.items():
+        parent = devs.get(parent_uuid)
+        names = ([parent.name] if parent is not None else []) + [k.name for k in kids]
+        total = next((t for t in map(mig_total_slices, names) if t is not None), None)
+        slices = [mig_slices(k) for k in kids]
+        known = [s for s in slices if s is not None]
+        if total is not None and len(known) == len(kids) and 0 < sum(known) <= total:
+            shares = [s / total for s in known]
+            how = [f"{s}/{total} of the GPU-hour ({s} of its {total} compute slices)" for s in known]
+        else:
+            shares = [1.0 / len(kids)] * len(kids)
+            why = "slice count not known" if total is None or len(known) < len(kids) else (
+                f"profiles claim {sum(known)} slices of {total}")
+            how = [f"1/{len(kids)} of the GPU-hour, split equally ({why})"] * len(kids)
+        has_parent = parent is not None
+        for kid, share, text in zip(kids, shares, how, strict=True):
+            energy = 0.0 if has_parent else share
+            where = "energy priced on the parent GPU row" if has_parent else (
+                f"{_frac(share)} of the board energy it reports")
+            out[kid.uuid] = MigShare(share, energy, f"MIG instance: pays {text}; {where}")
+        rest = max(1.0 - sum(shares), 0.0)
+        if has_parent:
+            out[parent_uuid] = MigShare(
+                rest, 1.0,
+                f"MIG parent: pays the unassigned {_frac(rest)} of the GPU-hour, and the board energy",
+            )
+    return out
+
+
+def mig_prices(
+    prices: Mapping[str, Prices], devices: Iterable[DeviceInfo]
+) -> tuple[dict[str, Prices], dict[str, str]]:
+    """Per-device prices with MIG shares applied (an instance starts from its parent's prices when the parent
+    is priced here), and the note that says each MIG row's share. Keys and other rows are kept as they are."""
+    devs = list(devices)
+    shares = mig_shares(devs)
+    out = dict(prices)
+    parents = {d.uuid: d.parent_uuid for d in devs}
+    for uuid, share in shares.items():
+        if uuid not in prices:
+            continue
+        base = prices.get(parents.get(uuid) or "", prices[uuid])
+        # A physical GPU is priced once per hour: each MIG instance pays its compute-slice share of its
+        # GPU's price (equal shares when slices are unknown), the parent row the unassigned rest and the
+        # board's energy (or, with no parent row, each instance its share of the board energy it reports).
+        out[uuid] = share.apply(base)
+    return out, {u: s.note for u, s in shares.items() if u in prices}
 
 
 def cost_of(device_seconds: float, joules: float, prices: Prices, measured: bool = True) -> Cost:

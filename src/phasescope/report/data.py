@@ -15,7 +15,7 @@ import numpy as np
 
 from phasescope.classify import decide
 from phasescope.errors import PhasescopeError
-from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, phase_costs
+from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices, phase_costs
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, device_energy
 from phasescope.schema import PHASES, Trace
 
@@ -49,6 +49,7 @@ class DeviceReport:
     prices: Prices
     cost: Cost
     phase_cost: dict[str, Cost]
+    price_note: str = ""  # how a MIG row's prices are its share of the physical GPU's, or ""
 
     @property
     def title(self) -> str:
@@ -163,6 +164,7 @@ def device_report(
     *,
     gap_factor: float = DEFAULT_GAP_FACTOR,
     model_note: str = "",
+    price_note: str = "",
 ) -> DeviceReport:
     pred, segs, note = None, [], model_note
     if model is not None:
@@ -189,6 +191,7 @@ def device_report(
         prices=prices,
         cost=device_cost(energy, prices),
         phase_cost=phase_costs([energy], prices),
+        price_note=price_note,
     )
 
 
@@ -217,18 +220,28 @@ def build(
     hooks: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ReportData:
-    """Classify, segment and measure every trace of every input (path, traces)."""
+    """Classify, segment and measure every trace of every input (path, traces).
+
+    MIG rows are priced at their share of the physical GPU's prices (kpi/cost.py `mig_shares`), over all
+    inputs together.
+    """
+    every = [t for _, traces in inputs for t in traces]
+    base: dict[str, Prices] = {}
+    for trace in every:
+        if isinstance(prices, Prices):
+            base[trace.device.uuid] = prices
+        elif isinstance(prices, Mapping):
+            base[trace.device.uuid] = prices.get(trace.device.uuid, Prices())
+        else:
+            base[trace.device.uuid] = prices(trace)
+    shared, notes = mig_prices(base, [t.device for t in every])
     devices = []
     for path, traces in inputs:
         for trace in traces:
             if progress is not None:
                 progress(f"{trace.device.label()}")
-            if isinstance(prices, Prices):
-                p = prices
-            elif isinstance(prices, Mapping):
-                p = prices.get(trace.device.uuid, Prices())
-            else:
-                p = prices(trace)
-            devices.append(device_report(trace, path, model, p, gap_factor=gap_factor, model_note=model_note))
+            uuid = trace.device.uuid
+            devices.append(device_report(trace, path, model, shared[uuid], gap_factor=gap_factor,
+                                         model_note=model_note, price_note=notes.get(uuid, "")))
     version = str(getattr(model, "version", "")) if model is not None else ""
     return ReportData([p for p, _ in inputs], devices, version, model_note, hooks=hooks)

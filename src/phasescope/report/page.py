@@ -283,7 +283,8 @@ def _prices(d: DeviceReport) -> str:
         parts.append(f"{fmt_usd(p.usd_per_gpu_hour)}/GPU-hour")
     if p.usd_per_kwh is not None:
         parts.append(f"{fmt_usd(p.usd_per_kwh)}/kWh")
-    return ", ".join(parts) or "not set (use --price-gpu-hour / --price-kwh or the config file)"
+    text = ", ".join(parts) or "not set (use --price-gpu-hour / --price-kwh or the config file)"
+    return f"{text} ({d.price_note})" if d.price_note else text
 
 
 def _hooks(data: ReportData) -> str:

@@ -82,6 +82,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
             raise InputError(spec, f"option {part.strip()!r}", "key=value (options separated by ';')")
+        if key.strip() in options:  # a silent last-one-wins would hide which value was meant
+            raise InputError(spec, f"option {key.strip()!r}", "each option once",
+                             f"{key.strip()}={options[key.strip()]}; {part.strip()}")
         options[key.strip()] = value.strip()
     return _ALIASES.get(name, name), options
 

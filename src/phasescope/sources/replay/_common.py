@@ -108,14 +108,34 @@ def head_lines(path: Path, size: int = 65536) -> list[str]:
 
 
 def check_options(path: PathLike, options: Options | None, known: Iterable[str], fmt: str) -> dict[str, str]:
-    """Options as a dict; an option the reader does not know is an InputError."""
+    """Options as a dict; an option the reader does not know, or a malformed value, is an InputError.
+
+    Every value is checked here, up front: a reader parses some options only when the file needs them
+    (`interval` without a time column), and a bad value must not pass just because this file did not.
+    """
     opts = dict(options or {})
     allowed = set(known)
     for key in opts:
         if key not in allowed:
             listed = ", ".join(sorted(allowed)) or "none"
             raise InputError(path, f"option {key!r}", f"an option of format {fmt!r} ({listed})")
+        check = _OPTION_CHECKS.get(key)
+        if check is not None:
+            check(path, opts, key)
     return opts
+
+
+def _check_names(path: PathLike, opts: Mapping[str, str], key: str) -> None:
+    if not any(c.strip() for c in opts[key].split(",")):
+        raise InputError(path, f"option {key}", "a comma-separated list of field names", opts[key])
+
+
+# Options with the same meaning in every reader that takes them: seconds between samples, a GPU count, names.
+_OPTION_CHECKS: dict[str, Callable[[PathLike, Mapping[str, str], str], object]] = {
+    "interval": lambda path, opts, key: float_option(path, opts, key, 1.0),
+    "gpus": lambda path, opts, key: int_option(path, opts, key),
+    "columns": _check_names,
+}
 
 
 def float_option(path: PathLike, opts: Mapping[str, str], key: str, default: float) -> float:
