@@ -290,3 +290,14 @@ def test_the_writer_announces_itself_until_it_closes(tmp_path: Path, real: list[
     with Store(path, read_only=True) as reader:
         assert reader.active_writer() is None
         assert reader.count() == 3 * len(real)
+
+
+def test_a_block_without_a_signal_reads_it_as_nan() -> None:
+    """Blocks an older phasescope sealed lack newer signals: those read NaN, never 0."""
+    from phasescope.store import _fill_from_blocks
+
+    data = np.array([[1.0, 0.5], [2.0, 0.6]], dtype="<f8").tobytes()  # rows of (time, gpu_util)
+    out = np.empty((3, 2))
+    assert _fill_from_blocks(out, [(2, "gpu_util", data)], ("gpu_util", "power")) == 2
+    assert out[0].tolist() == [1.0, 2.0] and out[1].tolist() == [0.5, 0.6]
+    assert np.isnan(out[2]).all()

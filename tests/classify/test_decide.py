@@ -12,6 +12,7 @@ import pytest
 
 from phasescope.classify.decide import (
     AlarmParams,
+    SegmentParams,
     TrainingAlarm,
     alarm_times,
     first_alert,
@@ -62,6 +63,9 @@ def test_one_odd_window_does_not_flip_a_segment() -> None:
         segs = segments(p)
         assert [s.label for s in segs] == ["training"]
         assert segs[0].n_windows == 13
+    # Even a window that rules the segment's phase out entirely (p = 0) gives at most log(1/floor) nats.
+    for odd in "IO.":
+        assert labels_of(make("TTTTTT" + odd + "TTTTTT", confidence=1.0)) == ["training"]
 
 
 def test_two_odd_windows_do_not_flip_but_a_sustained_change_does() -> None:
@@ -119,12 +123,25 @@ def test_time_gap_splits_segments() -> None:
     a, b = segments(p)
     assert a.label == b.label == "training"
     assert a.end == p.end[3] and b.start == p.start[4]
+    # The gap rule is relative to the stride: 3 strides between window starts (> 2x) is a gap, 1.5 is not.
+    q = make("TTTTTTTT")
+    q.start[4:] += 30.0
+    q.end[4:] += 30.0
+    assert len(segments(q)) == 2
+    r = make("TTTTTTTT")
+    r.start[4:] += 7.5
+    r.end[4:] += 7.5
+    assert len(segments(r)) == 1
 
 
 def test_overall_label_is_the_label_with_most_time() -> None:
     segs = segments(make("TTT" + "I" * 10 + "TTT"))
     assert [s.label for s in segs] == ["training", "inference", "training"]
     assert overall_label(segs) == "inference"
+    # A tie between a phase and unknown goes to the phase.
+    tie = segments(make("TTTT" + "?" * 4, stride=30.0, window=30.0), SegmentParams(min_unknown_s=60.0))
+    assert [s.label for s in tie] == ["training", "unknown"] and tie[0].duration == tie[1].duration
+    assert overall_label(tie) == "training"
 
 
 def test_viterbi_switch_cost_is_the_hysteresis() -> None:
@@ -165,6 +182,7 @@ def test_alarm_rearms_after_training_ends() -> None:
     times = alarm_times(p.end, p.proba[:, 0], AlarmParams(threshold=4.0))
     assert times.size == 2
     assert first_alert(p, AlarmParams(threshold=4.0), after=float(times[0]) + 1) == times[1]
+    assert first_alert(p, AlarmParams(threshold=4.0), after=float(times[1])) == times[1]  # at or after
 
 
 def test_alarm_weak_lean_needs_drift_free_evidence() -> None:
@@ -179,6 +197,9 @@ def test_alarm_streaming_skips_unknown_and_duplicates() -> None:
     assert not alarm.update(30.0, float("nan"))
     assert not alarm.update(45.0, 0.99)
     assert not alarm.update(45.0, 0.99)  # duplicate window end: not counted twice
+    before = alarm.score
+    assert not alarm.update(40.0, 0.01)  # out of order: ignored, not counted (against) either
+    assert alarm.score == before and alarm.last_end == 45.0
     assert alarm.update(60.0, 0.99)
     assert alarm.active
     alarm.reset()

@@ -150,3 +150,42 @@ def test_labels_and_reasons_follow_the_probabilities(model: PhaseModel, shared_d
                 assert p.labels[i] == "unknown"
                 assert p.reasons[i] == f"best probability {best:.2f} < {m.rules.min_proba}"
     assert "unknown" in p.labels and "training" in p.labels  # the strict rules exercise both branches
+
+
+def test_too_fine_a_rate_is_unknown(model: PhaseModel, shared_data: Path) -> None:
+    tr = _trace(shared_data, *TRAIN)
+    fine = Trace(tr.device, tr.time[0] + (tr.time - tr.time[0]) / 100, tr.columns, tr.meta)  # 100 Hz
+    p = model.predict_trace(fine, evidence=False)
+    assert set(p.labels) == {"unknown"} and np.isnan(p.proba).all() and "outside" in p.reasons[0]
+
+
+def test_windows_inside_a_telemetry_gap_are_not_judged(model: PhaseModel, shared_data: Path) -> None:
+    tr = _trace(shared_data, *TRAIN)
+    t = tr.time
+    gap = (t > t[0] + 200) & (t < t[0] + 400)  # every signal lost for 200 s
+    holed = Trace(tr.device, t, {k: np.where(gap, np.nan, v) for k, v in tr.columns.items()}, tr.meta)
+    p = model.predict_trace(holed, evidence=False)
+    inside = (p.start >= t[0] + 200) & (p.end <= t[0] + 400)
+    assert inside.sum() >= 5
+    assert np.isnan(p.proba[inside]).all()
+    assert {(p.labels[i], p.reasons[i]) for i in np.flatnonzero(inside)} == {
+        ("unknown", "too little data in window")
+    }
+    assert "training" in [p.labels[i] for i in np.flatnonzero(~inside)]
+
+
+def test_evidence_is_towards_the_called_phase(model: PhaseModel, shared_data: Path) -> None:
+    """On an inference run, each window's evidence is LightGBM's SHAP for the phase it was called."""
+    from phasescope.features import FEATURE_NAMES, window_features
+
+    tr = _trace(shared_data, *INFER)
+    p = model.predict_trace(tr)
+    sub = next(s for s in model.submodels if s.name == p.subset)
+    x = window_features(tr, model.config).values[:, [FEATURE_NAMES.index(f) for f in sub.features]]
+    contrib = np.asarray(sub.booster.predict(x, pred_contrib=True)).reshape(len(x), len(PHASES), -1)
+    called = [i for i, label in enumerate(p.labels) if label == "inference"]
+    assert len(called) > 10
+    for i in called:
+        for feature, value in p.evidence[i].items():
+            want = contrib[i, PHASES.index("inference"), sub.features.index(feature)]
+            assert value == pytest.approx(want, abs=1e-4)

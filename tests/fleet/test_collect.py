@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from phasescope.fleet import names
-from phasescope.fleet.collect import _batches, _Device, build_traces
+from phasescope.fleet.collect import _batches, _Device, build_traces, fetch_limits
 from phasescope.fleet.prom import Series
 from phasescope.schema import MIB, Trace
 
@@ -77,3 +77,17 @@ def test_agent_names_come_from_the_exporter() -> None:
     assert mmap.metrics[SIGNAL_METRICS["power"].name] == ("power", 1.0)
     assert mmap.metrics["DCGM_FI_DEV_FB_USED"] == ("mem_used", MIB)
     assert mmap.metrics["DCGM_FI_PROF_PCIE_TX_BYTES"] == ("pcie_tx", 1.0)
+
+
+class _LimitsClient:
+    """Answers `last_over_time(<metric>[...])` with dcgm-exporter's figures, in its units (MiB, W)."""
+
+    def query(self, query: str, time: float) -> list[tuple[dict[str, str], float]]:
+        answers = {"DCGM_FI_DEV_FB_TOTAL": 24576.0, "DCGM_FI_DEV_POWER_MGMT_LIMIT": 350.0}
+        return [({"UUID": "GPU-1"}, v) for m, v in answers.items() if f"({m}[" in query]
+
+
+def test_limits_from_dcgm_come_in_base_units() -> None:
+    dev = _Device("GPU-1", "UUID", {"UUID": "GPU-1"}, set())
+    limits = fetch_limits(_LimitsClient(), [dev], end=1000.0, range_s=600.0)  # type: ignore[arg-type]
+    assert limits == {"GPU-1": {"mem_total": 24576.0 * MIB, "power_limit": 350.0}}

@@ -16,6 +16,10 @@ def test_real_traces_get_their_labels(fleet_traces: dict[str, Trace], model: Pha
         v = judge(trace, model)
         assert v.label == label, (label, v.seconds)
         assert v.segments and abs(sum(v.probabilities.values()) - 1) < 1e-6
+        assert v.missing_signals == trace.missing_signals()
+    # A GPU scraped without PCIe counters says so in its verdict.
+    v = judge(fleet_traces["training"].without("pcie_tx", "pcie_rx"), model)
+    assert v.missing_signals == ["pcie_tx", "pcie_rx"] and v.to_dict()["missing_signals"] == v.missing_signals
 
 
 def test_idle_with_memory_held_or_a_pod_is_held_idle(

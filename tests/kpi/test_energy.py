@@ -211,6 +211,18 @@ def test_counter_reset_is_bridged_with_power(train: Trace) -> None:
     assert blind.joules == pytest.approx(r.joules - lost, rel=1e-9)
 
 
+def test_counter_reset_across_a_long_gap_is_not_bridged(train: Trace) -> None:
+    # The counter is silent for 20 samples and comes back reset: power at both ends must not be stretched
+    # over a gap longer than the gap rule allows (it would guess 20 s of energy); the gap stays uncovered.
+    counter = _with_counter(train)["energy"].copy()
+    k, n = 400, 20
+    counter[k : k + n] = np.nan
+    counter[k + n :] -= counter[k + n] - 1.0
+    r = device_energy(train.with_columns(energy=counter))
+    assert r.method == "counter" and r.resets == 1
+    assert r.uncovered_s == pytest.approx(train.time[k + n] - train.time[k - 1], rel=1e-9)
+
+
 # ---------------------------------------------------------------- per phase
 
 

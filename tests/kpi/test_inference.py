@@ -47,7 +47,30 @@ def test_latency_percentiles_and_rate() -> None:
     assert k is not None
     assert k["requests"] == 100 and k["forwards"] == 100
     assert k["latency_p50_s"] == pytest.approx(np.percentile(lats, 50))
+    assert k["latency_p95_s"] == pytest.approx(0.9505)  # rank 0.95 x 99 = 94.05 of 0.01 ... 1.00
     assert k["latency_p99_s"] == pytest.approx(np.percentile(lats, 99))
     assert k["requests_per_s"] == pytest.approx(100 / sum(lats))
     assert k["batch_size_mean"] == 4
     assert "generation" not in k
+
+
+def test_generation_loop_latencies_and_token_rate() -> None:
+    """Two loops (batch 2), 1 s apart: a 0.5 s prefill of 12 tokens, then three 0.1 s one-token steps."""
+    rows, t, i = [], 50.0, 0
+    flags = ev.INFERENCE_MODE | ev.TOKEN_INPUT
+    for _ in range(2):
+        for seq, dur in ((12, 0.5), (1, 0.1), (1, 0.1), (1, 0.1)):
+            rows.append([ev.FWD, t, 0, i, 2, seq, flags, t + dur])
+            t, i = t + dur, i + 1
+        t += 1.0
+    meta = {"roots": [{"name": "M", "mode_sensitive_layers": []}]}
+    k = inference_kpis(build(ev.ProcessEvents(1, np.array(rows, float), 0.0, meta)))
+    assert k is not None
+    g = k["generation"]
+    assert g["loops"] == 2 and g["tokens"] == 16  # 4 calls x batch 2, per loop
+    assert g["ttft_p50_s"] == pytest.approx(0.5) and g["ttft_p95_s"] == pytest.approx(0.5)
+    # Only gaps inside a loop are inter-token latencies, not the second after a loop ends.
+    assert g["inter_token_latency_p50_s"] == pytest.approx(0.1)
+    assert g["inter_token_latency_p95_s"] == pytest.approx(0.1)
+    assert g["tokens_per_s"] == pytest.approx(16 / 1.6)  # over the loops' own time, not the pauses
+    assert k["requests"] == 2 and k["latency_p50_s"] == pytest.approx(0.8)

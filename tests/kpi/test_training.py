@@ -23,13 +23,15 @@ def _row(kind: float, t: float, a: float = 0, b: float = 0, c: float = 0, d: flo
 
 
 def training_log(steps: int, load_s: float = 1.0, fwd_s: float = 1.0, bwd_s: float = 1.0,
-                 opt_s: float = 0.5, batch: int = 8, seq: int = 0) -> ev.ProcessEvents:
-    """`steps` iterations of: data loading, forward, backward, optimizer step (all times exact)."""
+                 opt_s: float = 0.5, batch: int = 8, seq: int = 0,
+                 loads: list[float] | None = None) -> ev.ProcessEvents:
+    """`steps` iterations of: data loading (`loads[k]`, else `load_s`), forward, backward, optimizer step
+    (all times exact)."""
     rows = []
     t = 100.0
     flags = ev.GRAD_ENABLED | ev.MODULE_TRAINING | ev.HAS_GRAPH | (ev.TOKEN_INPUT if seq else 0)
     for k in range(steps):
-        t += load_s
+        t += load_s if loads is None else loads[k]
         rows.append(_row(ev.FWD, t, 0, k, batch, seq, flags, t + fwd_s))
         t += fwd_s
         rows += [_row(ev.BWD_BEGIN, t, k), _row(ev.BWD_FWD, t, k), _row(ev.BWD_END, t + bwd_s)]
@@ -94,7 +96,45 @@ def test_eval_between_steps_splits_the_timeline() -> None:
     k = tk.training_kpis(tl, with_peak=False)
     assert k is not None and k["steps"] == 4
     # Step time is measured only between steps of one stretch, never across the evaluation.
-    assert k["step_time_p50_s"] == pytest.approx(3.5)
+    assert k["step_time_p50_s"] == k["step_time_p95_s"] == k["step_time_mean_s"] == pytest.approx(3.5)
+
+
+def test_step_time_percentiles_of_uneven_steps() -> None:
+    # 21 steps: 20 step-to-step periods of 2.5 s, the last four with 1-4 s of extra data loading.
+    k = tk.training_kpis(build(training_log(21, loads=[1.0] + [0.0] * 16 + [1.0, 2.0, 3.0, 4.0])),
+                         with_peak=False)
+    assert k is not None
+    assert k["step_time_p50_s"] == pytest.approx(2.5)
+    assert k["step_time_mean_s"] == pytest.approx(3.0)  # (16 x 2.5 + 3.5 + 4.5 + 5.5 + 6.5) / 20
+    assert k["step_time_p95_s"] == pytest.approx(5.55)  # linear interpolation at rank 0.95 x 19 = 18.05
+
+
+def test_flop_sampled_step_is_left_out_of_step_times() -> None:
+    pe = training_log(4, loads=[0.0, 5.0, 0.0, 0.0])  # the sampled step (step 1) is slow
+    pe.meta = dict(META, flop_sample={"step": 1, "flops": 7e9, "autocast": None})
+    rows = pe.rows.tolist()
+    t_end1 = next(r[1] for r in rows if r[0] == ev.OPT_END and r[3] == 1)
+    rows.append(_row(ev.FLOP_SAMPLE_END, t_end1, 0, 1))
+    pe.rows = np.array(rows)
+    k = tk.training_kpis(build(pe), with_peak=False)
+    assert k is not None
+    assert k["step_time_mean_s"] == k["step_time_p95_s"] == pytest.approx(2.5)
+    # Throughput is over the whole training time, the sampled step included.
+    assert k["time_s"] == pytest.approx(15.0) and k["samples_per_s"] == pytest.approx(32 / 15.0)
+
+
+def test_steps_are_the_main_optimizers() -> None:
+    # A second optimizer (id 1) that steps every other iteration, inside the main one's step time.
+    pe = training_log(4)
+    rows = pe.rows.tolist()
+    for step in (0, 2):
+        t = next(r[1] for r in rows if r[0] == ev.OPT_BEGIN and r[2] == 0 and r[3] == step)
+        rows += [_row(ev.OPT_BEGIN, t + 0.1, 1, step // 2), _row(ev.OPT_END, t + 0.2, 1, step // 2)]
+    pe.rows = np.array(rows)
+    tl = build(pe)
+    assert tl.main_opt == 0 and tl.steps == 4
+    k = tk.training_kpis(tl, with_peak=False)
+    assert k is not None and k["steps"] == 4 and k["step_time_p50_s"] == pytest.approx(3.5)
 
 
 def test_version1_log_builds_the_same_timeline(tmp_path: Path) -> None:

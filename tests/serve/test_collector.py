@@ -271,6 +271,22 @@ def test_host_source_is_exported_as_host_not_gpu(model: PhaseModel) -> None:
     source.close()
 
 
+def test_missing_host_reading_is_an_absent_sample_not_nan(model: PhaseModel) -> None:
+    import numpy as np
+
+    from phasescope.schema import DeviceInfo, Trace
+    from phasescope.sources.host import HOST_KIND
+
+    host = DeviceInfo("host:n1", "cpu", host="n1", extra={"kind": HOST_KIND})
+    trace = Trace(host, np.arange(3.0), {"gpu_util": np.full(3, np.nan), "mem_total": np.full(3, 64.0 * MIB)})
+    agent = Agent(ReplaySource([trace]), 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="n1")
+    feed(agent, ticks([trace]))
+    s = _samples(generate_latest(registry))
+    assert s["phasescope_host_memory_total_bytes"][0][1] == 64.0 * MIB
+    assert "phasescope_host_cpu_util_ratio" not in s
+
+
 class _CountingResolver(ContainerResolver):
     def __init__(self, tree: dict[str, Path]) -> None:
         super().__init__(tree["proc"], tree["logs"], (tree["containerd"],))

@@ -54,6 +54,19 @@ def test_other_family_types_and_odd_labels() -> None:
     g.add_metric(["", "nl\nx"], float("nan"))
     c = CounterMetricFamily("y_bytes", "bytes", labels=["a"], created=1.5)
     c.add_metric(["1"], 3.0, created=2.0)
+    g.add_metric(["inf", "x"], float("inf"), timestamp=1700000000.25)  # a sample with its own time (ms)
+    g.add_metric(["-inf", "x"], float("-inf"))
     info = InfoMetricFamily("z", "build", value={"version": "1"})
     frozen = _Frozen([g, c, info])
     assert TextWriter().render(frozen.collect()) == generate_latest(frozen)  # type: ignore[arg-type]
+
+
+def test_label_cache_stays_bounded() -> None:
+    from phasescope.serve.exposition import _MAX_CACHED
+
+    g = GaugeMetricFamily("x_ratio", "churning label sets", labels=["pod"])
+    for i in range(_MAX_CACHED + 10):
+        g.add_metric([f"pod-{i}"], 1.0)
+    writer = TextWriter()
+    assert writer.render([g]) == generate_latest(_Frozen([g]))  # type: ignore[arg-type]
+    assert len(writer._labels) <= _MAX_CACHED

@@ -121,3 +121,17 @@ def test_combined_source_enriches_gpu_processes(fake_nvml, shared_data, torch_ch
     torch_proc = by_pid[torch_child.pid]  # on no GPU, but worth watching
     assert torch_proc.uses_torch and torch_proc.device_uuid == f"host:{socket.gethostname()}"
     src.close()
+
+
+def test_cpu_percent_becomes_a_ratio(plain_child, monkeypatch):
+    """psutil reports percent; the schema's gpu_util / cpu_util are ratios (50 % of a core -> 0.5)."""
+    monkeypatch.setattr(host_module.psutil, "cpu_percent", lambda interval=None: 50.0)
+    monkeypatch.setattr(host_module.psutil.Process, "cpu_percent", lambda self, interval=None: 50.0)
+    monkeypatch.setattr(host_module, "_LINUX", False)  # the psutil path, which reports percent
+    src = HostSource(find_torch=False)
+    src.watch([plain_child.pid])
+    src.read()
+    batch = src.read()
+    assert batch.values[0, SIGNAL_COLUMN["gpu_util"]] == 0.5
+    (p,) = batch.processes
+    assert p.cpu_util == 0.5

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from phasescope.verify.check import check_trace, flop_total, verification_windows
+from phasescope.verify.check import CheckParams, check_trace, flop_total, verification_windows
 from phasescope.verify.claims import parse_claim
 from tests.verify._data import DUTY_SHAPING, IDLE, INFERENCE_CONTROL, labelled, model
 
@@ -75,3 +75,37 @@ def test_window_flop_adds_up_to_the_whole_run(shared_data: Path) -> None:
     total = flop_total(parts, 1e25)
     assert total["flop"]["estimate"] == pytest.approx(whole.flop.estimate, rel=0.02)
     assert total["versus_budget"] == "below"
+
+
+def test_boundaries_count_each_sample_and_each_classifier_window_once(shared_data: Path) -> None:
+    t = labelled(shared_data, DUTY_SHAPING)
+    claim = parse_claim("max-flop=1e25")
+    # A verification window length that puts a boundary exactly on a sample time ...
+    vs = check_trace(t, claim, model(), window_s=float(t.time[60] - t.time[0]))
+    assert vs[0].end == t.time[60] and sum(v.coverage.samples for v in vs) == len(t)
+    # ... and one that puts a boundary exactly on a classifier window's centre.
+    pred = model().predict_trace(t)
+    centre = (pred.start + pred.end) / 2
+    vs = check_trace(t, claim, model(), window_s=float(centre[4] - t.time[0]))
+    assert vs[0].end == centre[4] and sum(v.coverage.windows for v in vs) == len(pred.labels)
+
+
+def test_a_short_forbidden_segment_is_not_enough_but_the_alarm_is(shared_data: Path) -> None:
+    lenient = CheckParams(min_segment_windows=10_000)  # no segment is long enough to count
+    (v,) = check_trace(labelled(shared_data, INFERENCE_CONTROL), parse_claim("idle"), model(), params=lenient)
+    assert v.verdict == "consistent", v.reasons
+    # Disguised training still contradicts "no-training" through the training alarm alone.
+    disguised = labelled(shared_data, DUTY_SHAPING)
+    (v,) = check_trace(disguised, parse_claim("no-training"), model(), params=lenient)
+    assert v.verdict == "inconsistent" and [r.split(" at ")[0] for r in v.reasons] == ["training alarm fired"]
+
+
+def test_telemetry_with_a_long_hole_is_unverifiable(shared_data: Path) -> None:
+    t = labelled(shared_data, INFERENCE_CONTROL)
+    holed = t.take((t.time < t.time[0] + 40) | (t.time > t.time[0] + 140))  # 100 s of 182 s lost
+    # min_judged=0 so that the coverage rule, not the judged-windows rule, is what decides.
+    (v,) = check_trace(holed, parse_claim("no-training"), model(), params=CheckParams(min_judged=0.0))
+    assert v.coverage.covered_fraction < 0.5
+    assert v.verdict == "unverifiable" and v.reasons == [
+        f"telemetry covers only {v.coverage.covered_fraction:.0%} of the window"
+    ]

@@ -19,6 +19,8 @@ from tests.verify._data import DUTY_SHAPING, labelled, model
 
 def test_telemetry_round_trips_exactly(shared_data: Path, tmp_path: Path) -> None:
     t = labelled(shared_data, DUTY_SHAPING)
+    # A missing sample must come back missing (NaN), never as a silent 0.
+    t = t.with_columns(power=np.where(np.arange(len(t)) == 7, np.nan, t["power"]))
     p = tmp_path / "l.jsonl"
     with LedgerWriter(p, Ed25519PrivateKey.generate(), model=model(), batch_rows=50, root_every=2) as w:
         w.append_trace(t)
@@ -32,6 +34,7 @@ def test_telemetry_round_trips_exactly(shared_data: Path, tmp_path: Path) -> Non
     for s in t.present_signals():
         assert np.array_equal(back[s], t[s], equal_nan=True)
     assert back.meta["gpu_model"] == "RTX3090"
+    assert np.isnan(back["power"][7])
 
 
 def test_live_ticks_become_batches_and_a_ledger_can_be_continued(shared_data: Path, tmp_path: Path) -> None:

@@ -92,6 +92,16 @@ def test_sample_timestamps(write) -> None:  # type: ignore[no-untyped-def]
     assert t.time.tolist() == [1700000000.0, 1700000001.5] and t.meta["clock"] == "unix"
 
 
+def test_older_pcie_throughput_fields_are_kb_per_second(write) -> None:  # type: ignore[no-untyped-def]
+    # DCGM_FI_DEV_PCIE_*_THROUGHPUT (older exporters) is KB/s, 1 KB = 1000 bytes (PROF_PCIE_* is bytes/s).
+    p = write(
+        "s.prom",
+        'DCGM_FI_DEV_PCIE_TX_THROUGHPUT{UUID="GPU-1"} 341\nDCGM_FI_DEV_PCIE_RX_THROUGHPUT{UUID="GPU-1"} 12\n',
+    )
+    (t,) = dcgm_prom.read(p)
+    assert t["pcie_tx"][0] == 341_000 and t["pcie_rx"][0] == 12_000
+
+
 def test_garbage_value_names_line(write) -> None:  # type: ignore[no-untyped-def]
     p = write("s.prom", PROM.replace("{u0}", "5O"))
     expect_input_error(dcgm_prom.read, p, match=(str(p), "line 3", "DCGM_FI_DEV_GPU_UTIL", "a number", "5O"))

@@ -139,6 +139,17 @@ def test_units_in_header_only_index_column_and_missing_markers(write) -> None:  
     assert np.isnan(b["gpu_util"][0]) and b["mem_used"][0] == 2048 * MIB and b["sm_clock"][0] == 1395e6
 
 
+def test_binary_memory_units_in_header(write) -> None:  # type: ignore[no-untyped-def]
+    p = write(
+        "m.csv",
+        "index, uuid, memory.used [GiB], memory.total [KiB]\n"
+        "0, GPU-aaaa-1, 2, 4096\n0, GPU-aaaa-1, 3, 4096\n",
+    )
+    (t,) = smi.read(p)
+    assert t["mem_used"].tolist() == [2 * 1024**3, 3 * 1024**3]
+    assert t["mem_total"][0] == 4096 * 1024
+
+
 def test_units_in_values_without_header_are_mapped_by_unit(write) -> None:  # type: ignore[no-untyped-def]
     p = write(
         "v.csv",

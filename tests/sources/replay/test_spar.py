@@ -25,6 +25,7 @@ def test_reads_known_row_in_base_units(shared_data: Path) -> None:
     assert t["sm_clock"][0] == 210e6 and t["mem_clock"][0] == 1215e6
     # pcie_tx_mbps 0.3330078125 = 341 KB/s / 1024 -> 341,000 bytes/s
     assert t["pcie_tx"][0] == pytest.approx(341_000)
+    assert t["pcie_rx"][0] == pytest.approx(0.28515625 * 1024 * 1000)  # same scale on the receive side
     assert t.missing_signals() == []
     assert t.meta["workload"] == "bert_sst2_amp" and t.meta["run"] == Path(BERT).stem
     assert t.meta["format"] == "spar"
