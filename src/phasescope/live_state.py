@@ -31,7 +31,7 @@ from phasescope.display import (
     fmt_watts,
     sparkline,
 )
-from phasescope.kpi.cost import Prices, device_cost
+from phasescope.kpi.cost import Prices, device_cost, mig_prices
 from phasescope.kpi.energy import FleetEnergyMeter
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample, Trace
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
@@ -376,7 +376,8 @@ class LiveState:
         """(joules so far, USD so far or None when no price is set), all devices."""
         with self._lock:
             results = self.energy.results()
-            costs = [device_cost(r, self._price(r.device)).total_usd for r in results]
+            prices, _ = self._row_prices()
+            costs = [device_cost(r, prices[r.device]).total_usd for r in results]
         joules = sum(r.joules for r in results)
         known = [c for c in costs if c is not None]
         return joules, (sum(known) if known else None)
@@ -431,7 +432,8 @@ class LiveState:
                 parts.append(f"{IDLE_HELD}: {', '.join(_dev_name(d.info) for d in held)}")
             results = self.energy.results()
             measured = [r for r in results if r.method != "none"]  # a host row has no power or energy
-            each = (device_cost(r, self._price(r.device)).total_usd for r in results)
+            prices, _ = self._row_prices()
+            each = (device_cost(r, prices[r.device]).total_usd for r in results)
             costs = [c for c in each if c is not None]
             usd = f" {fmt_usd(sum(costs))}" if costs else ""
             if measured:
@@ -452,6 +454,7 @@ class LiveState:
         with self._lock:
             devices = sorted(self._devices.values(), key=lambda d: self._device_sort_key(d, sort))
             out: list[Row] = []
+            prices, _ = self._row_prices()
             groups: list[tuple[DeviceState | None, list[ProcessSample]]] = [(d, d.processes) for d in devices]
             if self._orphans:
                 groups.append((None, self._orphans))
@@ -461,7 +464,7 @@ class LiveState:
                 shown = procs if dev_match else [p for p in procs if needle in _process_search_text(p, self)]
                 if not dev_match and not shown:
                     continue
-                out.append(self._device_row(dev))
+                out.append(self._device_row(dev, prices))
                 shown = sorted(shown, key=lambda p: _process_sort_key(p, sort))
                 uuid = dev.info.uuid if dev else NO_DEVICE
                 out.extend(self._process_row(uuid, p) for p in shown[:MAX_PROCESS_ROWS])
@@ -471,6 +474,12 @@ class LiveState:
                     out.append(Row("process", f"{uuid}/more", uuid, more))
             return out
 
+    def row_prices(self) -> tuple[dict[str, Prices], dict[str, str]]:
+        """Per device uuid: the prices its cost is reckoned at, and for a MIG row the note that says its
+        share of the physical GPU (see `_row_prices`)."""
+        with self._lock:
+            return self._row_prices()
+
     # ---- row building (caller holds the lock) ----
 
     def _price(self, uuid: str) -> Prices:
@@ -478,6 +487,14 @@ class LiveState:
             return self.prices
         dev = self._devices.get(uuid)
         return self.prices(dev.info if dev is not None else DeviceInfo(uuid))
+
+    def _row_prices(self) -> tuple[dict[str, Prices], dict[str, str]]:
+        """Each metered or listed device's prices, MIG rows at their share of the physical GPU's
+        (kpi/cost.py `mig_prices`, the rule `cost` and `report` use): the parent row and its instances
+        together cost one GPU-hour per hour, not one each. Shares are over every device seen this session."""
+        uuids = list(self._devices) + [u for u in self.energy.meters if u not in self._devices]
+        base = {u: self._price(u) for u in uuids}
+        return mig_prices(base, [d.info for d in self._devices.values()])
 
     def _is_idle_held(self, dev: DeviceState) -> bool:
         if dev.lost or _went_dark(dev):
@@ -557,17 +574,17 @@ class LiveState:
         conf = f" {view.confidence * 100:.0f}%" if math.isfinite(view.confidence) else ""
         return f"{view.phase}{conf}{HELD_MARK if view.held else ''}", view.phase
 
-    def _energy_cell(self, uuid: str) -> str:
+    def _energy_cell(self, uuid: str, prices: Mapping[str, Prices]) -> str:
         meter = self.energy.meters.get(uuid)
         if meter is None:
             return MISSING
-        cost = device_cost(meter.result(uuid), self._price(uuid)).total_usd
+        cost = device_cost(meter.result(uuid), prices[uuid]).total_usd
         usd = f" · {fmt_usd(cost)}" if cost is not None else ""
         if meter.method == "none":  # no power sensor: the time-based cost alone, energy said unmeasured
             return f"{MISSING} kWh{usd}" if usd else MISSING
         return f"{meter.joules / 3.6e6:.3f} kWh{usd}"
 
-    def _device_row(self, dev: DeviceState | None) -> Row:
+    def _device_row(self, dev: DeviceState | None, prices: Mapping[str, Prices]) -> Row:
         cells = dict.fromkeys(COLUMN_KEYS, MISSING)
         if dev is None:
             cells.update(name="processes (no device)", spark_util="", spark_power="", info="")
@@ -595,7 +612,7 @@ class LiveState:
         view = self._phase_view(dev)
         cells["phase"], phase = self._phase_cell(view)
         cells["kpi"] = kpi_text(self._kpis.get(dev.info.uuid), phase)  # the side of the phase shown
-        cells["energy"] = self._energy_cell(dev.info.uuid)
+        cells["energy"] = self._energy_cell(dev.info.uuid, prices)
         idle_held = self._is_idle_held(dev)
         notes = [IDLE_HELD] if idle_held else []
         if view is not None and view.training_alarm and not dark:

@@ -104,6 +104,7 @@ def _device_info(d: _Device) -> DeviceInfo:
             ("container", names.first_label(lab, names.CONTAINER_LABELS)),
             ("instance", lab.get("instance", "")),
             ("job", lab.get("job", "")),
+            ("GPU_I_PROFILE", lab.get("GPU_I_PROFILE", "")),  # MIG slices: its share of the price
         )
         if v
     }

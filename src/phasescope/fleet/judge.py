@@ -19,7 +19,7 @@ import numpy as np
 
 from phasescope.classify import decide
 from phasescope.classify.model import PhaseModel
-from phasescope.kpi.cost import Cost, Prices, cost_of
+from phasescope.kpi.cost import Cost, Prices, cost_of, mig_prices
 from phasescope.kpi.energy import device_energy
 from phasescope.schema import PHASES, Trace
 
@@ -46,6 +46,7 @@ class DeviceVerdict:
     held_idle_joules: float = 0.0
     samples: int = 0
     missing_signals: list[str] = field(default_factory=list)
+    price_note: str = ""  # a MIG instance's share of its physical GPU's price (kpi/cost.py), or ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +65,7 @@ class DeviceVerdict:
             "held_idle_gpu_hours": self.seconds.get(HELD_IDLE, 0.0) / 3600.0,
             "held_idle_kwh": self.held_idle_joules / 3.6e6,
             "held_idle_cost": self.held_idle_cost.to_dict(),
+            "price_note": self.price_note,
             "samples": self.samples,
             "missing_signals": list(self.missing_signals),
             "segments": [s.to_dict() for s in self.segments],
@@ -103,6 +105,7 @@ def judge(
     model: PhaseModel,
     prices: Prices | None = None,
     held_mem_bytes: float = DEFAULT_HELD_MEM_BYTES,
+    price_note: str = "",
 ) -> DeviceVerdict:
     pred = model.predict_trace(trace, evidence=False)
     segs = decide.segments(pred)
@@ -138,6 +141,7 @@ def judge(
         held_idle_joules=held.joules if held is not None else 0.0,
         samples=len(trace),
         missing_signals=trace.missing_signals(),
+        price_note=price_note,
     )
 
 
@@ -147,6 +151,16 @@ def judge_all(
     prices: Callable[[str], Prices] | None = None,
     held_mem_bytes: float = DEFAULT_HELD_MEM_BYTES,
 ) -> list[DeviceVerdict]:
-    """`judge` for each trace; `prices` maps a device's model name to its Prices (None: not priced)."""
+    """`judge` for each trace; `prices` maps a device's model name to its Prices (None: not priced).
+
+    A MIG instance's held-idle time is priced at its share of the physical GPU (kpi/cost.py `mig_prices`,
+    as `phasescope cost`), so the instances of one GPU held idle for an hour cost one GPU-hour, not one
+    each. Shares are worked out over `traces` together: pass a GPU's instances in one call.
+    """
     m = model or PhaseModel.load()
-    return [judge(t, m, prices(t.device.name) if prices else None, held_mem_bytes) for t in traces]
+    traces = list(traces)
+    if prices is None:
+        return [judge(t, m, None, held_mem_bytes) for t in traces]
+    shared, notes = mig_prices({t.device.uuid: prices(t.device.name) for t in traces},
+                               [t.device for t in traces])
+    return [judge(t, m, shared[t.device.uuid], held_mem_bytes, notes.get(t.device.uuid, "")) for t in traces]

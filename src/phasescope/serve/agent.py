@@ -229,8 +229,10 @@ class Agent:
         host_phases = self.state.host_phases()
         devices = []
         totals: dict[str, dict[str, float]] = {}
+        # MIG rows at their share of the physical GPU's prices, as `top`'s and `cost`'s (kpi/cost.py).
+        row_prices, price_notes = self.state.row_prices()
         for info, latest, reading, lost in self.devices():
-            prices = self.prices.for_device(info.name)
+            prices = row_prices.get(info.uuid) or self.prices.for_device(info.name)
             measured = methods.get(info.uuid, "none") != "none"
             phases = {}
             for label, (joules, seconds, covered) in sorted(energy.get(info.uuid, {}).items()):
@@ -255,6 +257,7 @@ class Agent:
                 "process_kpis": proc_kpis.get(info.uuid, []),
                 "energy": {"method": methods.get(info.uuid, "none"), "phases": phases},
                 "priced": prices.priced,
+                "price_note": price_notes.get(info.uuid, ""),
             })
         return {
             "source": self.source.name,

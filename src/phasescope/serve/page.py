@@ -164,8 +164,9 @@ function drawDevice(dev, now) {
     `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
     `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "– kWh"}</td><td>${usd(e.cost)}</td></tr>`);
   c.energy.innerHTML = rows.join("") || "<tr><td colspan=4 class=muted>no energy yet</td></tr>";
-  c.method.textContent = metered ? "energy from " + dev.energy.method.replace("_", " ")
-    : "energy unmeasured (no power reading)" + (dev.priced ? "; cost from device time" : "");
+  c.method.textContent = (metered ? "energy from " + dev.energy.method.replace("_", " ")
+    : "energy unmeasured (no power reading)" + (dev.priced ? "; cost from device time" : ""))
+    + (dev.price_note ? " · " + dev.price_note : "");  // a MIG row: its share of the physical GPU's price
 }
 
 function merge(uuid, h) {

@@ -25,14 +25,24 @@ STALE_INTERVALS = 2.5
 
 
 def _dedupe(devices: list[DeviceInfo]) -> list[DeviceInfo]:
-    """Distinct uuids: two traces of one file that share a uuid (two runs, one GPU) stay two devices."""
+    """Distinct uuids: two traces of one file that share a uuid (two runs, one GPU) stay two devices.
+
+    The n-th run of a MIG instance belongs to the n-th run of its GPU: its parent_uuid gets the same "#n"
+    where that parent row exists, so the instances still find their GPU (MIG pricing, the MIG note)."""
     seen: dict[str, int] = {}
-    out = []
+    runs = []
     for d in devices:
-        n = seen.get(d.uuid, 0)
-        seen[d.uuid] = n + 1
-        if n:
-            d = DeviceInfo(f"{d.uuid}#{n + 1}", d.name, d.index, d.host, d.parent_uuid, d.extra)
+        n = seen.get(d.uuid, 0) + 1
+        seen[d.uuid] = n
+        runs.append(n)
+    renamed = {f"{d.uuid}#{n}" for d, n in zip(devices, runs, strict=True) if n > 1}
+    out = []
+    for d, n in zip(devices, runs, strict=True):
+        if n > 1:
+            parent = d.parent_uuid
+            if parent and f"{parent}#{n}" in renamed:
+                parent = f"{parent}#{n}"
+            d = DeviceInfo(f"{d.uuid}#{n}", d.name, d.index, d.host, parent, d.extra)
         out.append(d)
     return out
 
