@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from phasescope.fleet import names
-from phasescope.fleet.collect import _batches, _Device, build_traces, fetch_limits
+from phasescope.fleet.collect import _batches, _Device, build_traces, fetch_limits, in_shard
 from phasescope.fleet.prom import Series
+from phasescope.fleet.shard import Shard
 from phasescope.schema import MIB, Trace
 
 
@@ -68,6 +69,21 @@ def test_batches_stay_under_the_sample_budget() -> None:
     for b in batches:
         assert len({d.label_name for d in b}) == 1
         assert len(b) == 1 or sum(len(d.metrics) for d in b) * 3600 <= 100_000
+
+
+def test_a_mig_gpus_instances_stay_in_one_batch_and_one_shard() -> None:
+    """Their price shares are worked out together (kpi.cost.mig_prices), so neither a batch boundary nor a
+    shard may split a physical GPU's instances."""
+    devs = [_Device(f"GPU-{i:02d}/gi{j}", "UUID", {}, {"m"}) for i in range(40) for j in (1, 2, 3)]
+    batches = list(_batches(devs, 3600, 2 * 3600))  # the budget holds two instances' samples
+    assert sorted(d.key for b in batches for d in b) == sorted(d.key for d in devs)
+    assert all(len({d.gpu for d in b}) == 1 and len(b) == 3 for b in batches)
+    owned = [in_shard(devs, Shard(i, 4)) for i in range(4)]
+    assert sorted(d.key for o in owned for d in o) == sorted(d.key for d in devs)
+    for o in owned:
+        gpus = {d.gpu for d in o}
+        assert all(sum(d.gpu == g for d in o) == 3 for g in gpus)
+    assert in_shard(devs, None) is devs
 
 
 def test_agent_names_come_from_the_exporter() -> None:

@@ -45,6 +45,11 @@ class _Device:
     labels: dict[str, str] = field(default_factory=dict)
     metrics: set[str] = field(default_factory=set)
 
+    @property
+    def gpu(self) -> str:
+        """The physical GPU's key: a MIG instance's key without its `/giN`."""
+        return self.key.split("/gi")[0]
+
 
 def _matchers(*parts: str) -> str:
     return "{" + ",".join(p for p in parts if p) + "}"
@@ -83,7 +88,8 @@ def _batches(devices: list[_Device], points: int, max_samples: int) -> Iterator[
         size = 0
         for d in group:
             cost = max(len(d.metrics), 1) * points
-            if batch and size + cost > max_samples:
+            # A MIG GPU's instances stay in one batch: their price shares are worked out together.
+            if batch and size + cost > max_samples and d.gpu != batch[-1].gpu:
                 yield batch
                 batch, size = [], 0
             batch.append(d)
@@ -92,10 +98,16 @@ def _batches(devices: list[_Device], points: int, max_samples: int) -> Iterator[
             yield batch
 
 
+def in_shard(devices: list[_Device], shard: Shard | None) -> list[_Device]:
+    """The devices this replica owns. The physical GPU's uuid decides, so a MIG GPU's instances stay on one
+    replica and share its price there (`kpi.cost.mig_prices`); outside MIG that is the device's own uuid."""
+    return devices if shard is None else [d for d in devices if shard.owns(d.gpu)]
+
+
 def _device_info(d: _Device) -> DeviceInfo:
     lab = d.labels
     gpu = names.first_label(lab, names.INDEX_LABELS)
-    base = d.key.split("/gi")[0]
+    base = d.gpu
     extra = {
         k: v
         for k, v in (
@@ -212,8 +224,7 @@ def plan_fetch(
         raise InputError("--since", "time range", "an end after the start", f"{start}..{end}")
     mmap = names.metric_map()
     devices = discover(client, start, end, selector, mmap)
-    if shard is not None:
-        devices = [d for d in devices if shard.owns(d.key)]
+    devices = in_shard(devices, shard)
     n_points = int(np.floor((end - start) / step + 1e-9)) + 1
     total = sum(max(len(d.metrics), 1) for d in devices) * n_points
     budget = min(max_samples, max(-(-total // max(parts, 1)), 1))
@@ -227,7 +238,7 @@ def plan_fetch(
 def fetch_batch(client: PromClient, plan: FetchPlan, batch: list[_Device]) -> tuple[list[Trace], int, int]:
     """One `query_range` for a batch of devices: (their Traces, series, samples)."""
     label = batch[0].label_name
-    regex = "|".join(escape_regex(d.key.split("/gi")[0]) for d in batch)
+    regex = "|".join(escape_regex(d.gpu) for d in batch)
     metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in plan.mmap.metrics}))
     query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', plan.selector_body)
     series = client.query_range(query, plan.start, plan.end, plan.step)
