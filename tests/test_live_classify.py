@@ -290,3 +290,89 @@ def test_warm_up_parses_the_alarm_model_too(model: PhaseModel) -> None:
     assert all(sub._booster is None for sub in fresh.submodels)  # alarm off: not parsed at all
     LiveClassifier(model, alarm_model=fresh).warm_up()
     assert all(sub._booster is not None for sub in fresh.submodels)  # no tick pays for the parse
+
+
+class _Confident(_Scripted):
+    """A stand-in model whose newest window says (label, probability of that label) as scripted."""
+
+    def __init__(self, script: list[tuple[str, float]]) -> None:
+        super().__init__([])
+        self.steps = script
+
+    def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
+        label, p = self.steps.pop(0)
+        proba = np.full((1, len(PHASES)), (1.0 - p) / (len(PHASES) - 1))
+        proba[0, PHASES.index(label)] = p
+        t = trace.time
+        return WindowPredictions(t[:1], t[-1:], proba, [label], [], "scripted", [{}])
+
+
+def _run_script(lc: LiveClassifier, n: int) -> list:
+    dev = DeviceInfo("GPU-x", "NVIDIA GeForce RTX 3090", 0)
+    state = LiveState("scripted")
+    row = np.full((1, len(SIGNAL_NAMES)), np.nan)
+    row[0, 0] = 0.5
+    state.ingest(TickBatch(999.0, [dev], row))
+    out = []
+    for k in range(n):
+        state.ingest(TickBatch(1000.0 + k, [dev], row))
+        lc.update(state)
+        out.append(lc.reading(dev.uuid))
+    return out
+
+
+CONFIDENT = [("training", 0.9), ("training", 0.9), ("training", 0.55), ("training", 0.55), ("training", 0.9)]
+
+
+def test_min_confidence_unset_changes_nothing() -> None:
+    lc = LiveClassifier(_Confident(list(CONFIDENT)), every_s=1.0, alarm=False)  # type: ignore[arg-type]
+    seen = _run_script(lc, len(CONFIDENT))
+    assert [r.phase for r in seen] == ["training"] * 5
+    assert all(r.to_dict()["unknown_reason"] is None for r in seen)
+
+
+def test_a_reading_below_min_confidence_reads_unknown_and_says_why() -> None:
+    lc = LiveClassifier(  # the config's [thresholds] min_confidence
+        _Confident(list(CONFIDENT)), every_s=1.0, alarm=False, min_confidence=0.6  # type: ignore[arg-type]
+    )
+    seen = _run_script(lc, len(CONFIDENT))
+    assert [r.phase for r in seen] == ["training", "training", "unknown", "unknown", "training"]
+    low = seen[2].to_dict()
+    assert low["unknown_reason"] == "training at confidence 0.55 < min_confidence 0.6"
+    assert low["confidence"] is None and low["proba"]["training"] == pytest.approx(0.55)
+    assert seen[3].since == seen[2].t == 1002.0  # unknown since it first fell below
+    # The phase underneath never changed: it returns at once, with its own since, and bands say what showed.
+    assert seen[4].since == 1000.0 and seen[4].unknown_reason == ""
+    assert [b.phase for b in lc.bands("GPU-x")] == ["training", "unknown", "training"]
+    assert lc.phases() == {"GPU-x": "training"}
+
+
+def test_min_segment_s_makes_a_new_phase_wait_that_long() -> None:
+    script = ["idle", "idle", "training", "training", "training", "idle", "training", "training",
+              "training", "training", "training"]
+    default = LiveClassifier(_Scripted(list(script)), every_s=1.0, alarm=False)  # type: ignore[arg-type]
+    assert [r.phase for r in _run_script(default, len(script))][:6] == [
+        "idle", "idle", "idle", "training", "training", "training"
+    ]
+    lc = LiveClassifier(
+        _Scripted(list(script)), every_s=1.0, alarm=False, min_segment_s=3.0  # type: ignore[arg-type]
+    )
+    assert lc.confirm == 4  # the first run that sees it and the one 3 s later
+    seen = _run_script(lc, len(script))
+    # The 3-run training stretch (2 s from first to last sight) never shows; the later one shows after 3 s.
+    assert [r.phase for r in seen] == ["idle"] * 9 + ["training"] * 2
+    assert seen[-1].since == 1006.0
+
+
+def test_bad_thresholds_are_refused(model: PhaseModel) -> None:
+    with pytest.raises(ValueError, match="min_confidence"):
+        LiveClassifier(model, min_confidence=1.5)
+    with pytest.raises(ValueError, match="min_segment_s"):
+        LiveClassifier(model, min_segment_s=-1.0)
+
+
+def test_min_confidence_under_the_models_bar_lowers_it(model: PhaseModel) -> None:
+    assert LiveClassifier(model, alarm=False).model.rules.min_proba == model.rules.min_proba == 0.5
+    assert LiveClassifier(model, alarm=False, min_confidence=0.3).model.rules.min_proba == 0.3
+    # Above it, the model's bar stays: a window it calls below min_confidence reads unknown with the reason.
+    assert LiveClassifier(model, alarm=False, min_confidence=0.8).model.rules.min_proba == 0.5

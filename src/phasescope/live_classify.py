@@ -11,6 +11,13 @@ Runs that cannot judge (too little history, too few signals) say "unknown" only 
 or the device has gone dark; otherwise the held phase stays until evidence for another one arrives, with
 the confidence of the last window that was judged and `held` set (views mark it rather than show no %).
 
+Two config thresholds (`[thresholds]`, see `config.py`) change this only when set. A reading whose
+confidence is below `min_confidence` reads "unknown", with `unknown_reason` saying which phase at what
+confidence (the hysteresis still runs on the phase underneath, so the badge returns without a fresh
+confirmation); set below the model's own bar (0.5), it also lowers that bar, so windows between are
+called. `min_segment_s` raises `confirm` so that a new phase shows only after it has been seen for that
+long: ceil(min_segment_s / every_s) + 1 runs.
+
 The "training started" alarm runs beside it on its own model (`classify.onset`: 15 s windows fitted on
 windows that straddle a run's start, so it fires sooner than the badge turns): every `onset.ONSET_STRIDE_S`
 of data time each GPU's last `onset.HISTORY_S` seconds go to its `OnsetAlarm`. The reading carries
@@ -51,6 +58,8 @@ class PhaseReading:
     held: bool = False  # this run judged no window: phase, confidence and proba are the last judged ones
     training_alarm: bool = False  # the onset alarm holds: training has started (latched until it ends)
     alarm_at: float | None = None  # data time the holding alarm fired; None while it does not hold
+    # Why a reading with a phase underneath says "unknown" (the config's min_confidence); "" otherwise.
+    unknown_reason: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -62,6 +71,7 @@ class PhaseReading:
             "held": self.held,
             "training_alarm": self.training_alarm,
             "alarm_at": None if self.alarm_at is None else finite_or_none(self.alarm_at),
+            "unknown_reason": self.unknown_reason or None,
         }
 
 
@@ -77,7 +87,9 @@ class PhaseBand:
 @dataclass
 class _DeviceTrack:
     last_run: float = -math.inf
-    reading: PhaseReading | None = None
+    reading: PhaseReading | None = None  # the hysteresis' phase, before min_confidence
+    shown: PhaseReading | None = None  # what readers get: `reading`, or unknown under min_confidence
+    gated_since: float = math.nan  # data time `shown` last turned unknown under min_confidence
     candidate: str = ""  # a phase seen but not yet confirmed
     candidate_since: float = math.nan
     candidate_runs: int = 0
@@ -109,15 +121,29 @@ class LiveClassifier:
         confirm: int = 2,
         alarm: bool = True,
         alarm_model: PhaseModel | None = None,
+        min_confidence: float | None = None,
+        min_segment_s: float | None = None,
     ) -> None:
         if not (window_s > 0 and every_s > 0 and confirm >= 1):
             raise ValueError(
                 f"need window_s > 0, every_s > 0, confirm >= 1; got {window_s}, {every_s}, {confirm}"
             )
+        if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"need min_confidence between 0 and 1; got {min_confidence}")
+        if min_segment_s is not None and not min_segment_s >= 0.0:
+            raise ValueError(f"need min_segment_s >= 0; got {min_segment_s}")
         self.model = model if model is not None else PhaseModel.load()
+        self.min_confidence = min_confidence  # None: the model's own bar, readings never gated
+        if min_confidence is not None and min_confidence < self.model.rules.min_proba:
+            # Lower: call the windows between. Higher stays the model's bar: a window it calls below
+            # min_confidence then reads unknown with the reason (`_gate`), where an uncalled one would
+            # keep the held phase as if nothing had been judged.
+            self.model = self.model.with_rules(min_proba=min_confidence)
         self.window_s = float(window_s)
         self.every_s = float(every_s)
         self.confirm = int(confirm)
+        if min_segment_s is not None:  # the candidate's first run and the confirming one span min_segment_s
+            self.confirm = max(self.confirm, math.ceil(min_segment_s / self.every_s) + 1)
         self.runs = 0  # classifier runs so far, all devices (for tests and the status line)
         self.alarm_enabled = bool(alarm)
         self._alarm_model = alarm_model  # loaded on first use (or in warm_up) when None
@@ -201,6 +227,8 @@ class LiveClassifier:
                 track.alarm_at = None
             if track.reading is not None:
                 track.reading = replace(track.reading, training_alarm=alarm.active, alarm_at=track.alarm_at)
+            if track.shown is not None:
+                track.shown = replace(track.shown, training_alarm=alarm.active, alarm_at=track.alarm_at)
 
     def _recent(self, state: LiveState, uuid: str, t_now: float, span: float) -> Trace:
         """The device's samples in (t_now - span, t_now] that hold some data."""
@@ -247,16 +275,29 @@ class LiveClassifier:
             else:
                 new_phase, since = held, (track.reading.since if track.reading else t)
         conf = proba.get(new_phase, math.nan)
-        prev_t = track.reading.t if track.reading else t
+        prev_t = track.shown.t if track.shown else t
         alarm = track.alarm is not None and track.alarm.active
         track.reading = PhaseReading(
             new_phase, conf, proba, since, t, held=no_evidence, training_alarm=alarm, alarm_at=track.alarm_at
         )
-        if track.bands and track.bands[-1].phase == new_phase:
+        track.shown = shown = self._gate(track, track.reading)
+        if track.bands and track.bands[-1].phase == shown.phase:
             last = track.bands[-1]
-            track.bands[-1] = PhaseBand(last.start, t, new_phase)
+            track.bands[-1] = PhaseBand(last.start, t, shown.phase)
         else:
-            track.bands.append(PhaseBand(prev_t, t, new_phase))
+            track.bands.append(PhaseBand(prev_t, t, shown.phase))
+
+    def _gate(self, track: _DeviceTrack, r: PhaseReading) -> PhaseReading:
+        """`r`, or "unknown" with the reason when its confidence is below min_confidence (when set)."""
+        m = self.min_confidence
+        if m is None or r.phase == UNKNOWN or not r.confidence < m:  # NaN: nothing to compare
+            track.gated_since = math.nan
+            return r
+        if math.isnan(track.gated_since):
+            track.gated_since = r.t
+        why = f"{r.phase} at confidence {r.confidence:.3g} < min_confidence {m:g}"
+        return replace(r, phase=UNKNOWN, confidence=math.nan, since=track.gated_since, held=False,
+                       unknown_reason=why)
 
     # ---- readers ----
 
@@ -264,7 +305,7 @@ class LiveClassifier:
         """The current reading of a device; None before its first run."""
         with self._lock:
             track = self._tracks.get(uuid)
-            return track.reading if track else None
+            return track.shown if track else None
 
     def bands(self, uuid: str, since: float = -math.inf) -> list[PhaseBand]:
         """Phase stretches of a device ending after `since`, oldest first."""
@@ -275,7 +316,7 @@ class LiveClassifier:
     def phases(self) -> dict[str, str]:
         """uuid -> current phase, for every device with a reading (what the energy meter attributes to)."""
         with self._lock:
-            return {u: t.reading.phase for u, t in self._tracks.items() if t.reading}
+            return {u: t.shown.phase for u, t in self._tracks.items() if t.shown}
 
 
 def _dark(state: LiveState, uuid: str, recent: Trace) -> bool:

@@ -416,7 +416,7 @@ def _read_parquet_with(path: Path, schema: pa.Schema, what: str, columns: str) -
     """A whole Parquet file that must have exactly `schema`'s columns; InputError otherwise."""
     try:
         table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeError) as exc:
         raise InputError(path, what, "a complete Parquet file", str(exc)) from exc
     if table.schema.names != schema.names:
         raise InputError(path, columns, f"{schema.names}", table.schema.names)
@@ -618,7 +618,7 @@ def read_file_metadata(path: Path) -> dict[str, Any]:
     """The `phasescope` schema metadata of a closed recording; InputError if it is not one."""
     try:
         schema = pq.read_schema(path)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeError) as exc:  # UnicodeError: a non-UTF-8 column name
         raise InputError(
             path,
             "Parquet footer",
@@ -759,7 +759,7 @@ def read_recording(path: str | Path) -> list[Trace]:
     meta = read_file_metadata(p)
     try:
         table = pq.read_table(p)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeError) as exc:
         raise InputError(p, "Parquet data", "readable row groups", str(exc)) from exc
     return table_to_traces(p, table, _devices_from_meta(p, meta), _trace_meta(p, meta, False))
 

@@ -12,10 +12,12 @@ import pytest
 
 from phasescope.classify.decide import (
     AlarmParams,
+    Segment,
     SegmentParams,
     TrainingAlarm,
     alarm_times,
     first_alert,
+    merge_short,
     overall_label,
     segments,
     viterbi,
@@ -308,3 +310,43 @@ def test_segments_equal_the_per_window_reference(monkeypatch: pytest.MonkeyPatch
     assert sum(len(s) for s in fast) > 500
     for f, s in zip(fast, slow, strict=True):
         assert [x.to_dict() for x in f] == [x.to_dict() for x in s]
+
+
+def _seg(start: float, end: float, label: str, lean: dict[str, float] | None = None, n: int = 4) -> Segment:
+    probs = {ph: 0.0 for ph in PHASES} if label != "unknown" else {ph: float("nan") for ph in PHASES}
+    if label != "unknown":
+        probs.update(lean or {})
+        probs[label] = 1.0 - sum(v for k, v in probs.items() if k != label)
+    return Segment(start, end, label, probs, n)
+
+
+def test_merge_short_folds_a_short_segment_into_the_same_phase_around_it() -> None:
+    segs = segments(make("TTTTTTIIIIIITTTTTT", confidence=0.99))
+    assert [s.label for s in segs] == ["training", "inference", "training"]
+    assert segs[1].duration == pytest.approx(90.0)
+    assert merge_short(segs, 90.0) == segs  # not shorter: kept
+    (one,) = merge_short(segs, 120.0)
+    assert (one.label, one.start, one.end) == ("training", segs[0].start, segs[2].end)
+    assert one.n_windows == 18
+    # The mean over all 18 called windows, as `segments` would have computed it: 12 at 0.99, 6 at 0.01/3.
+    assert one.probabilities["training"] == pytest.approx((12 * 0.99 + 6 * 0.01 / 3) / 18)
+    assert merge_short(segs, 0.0) == segs
+
+
+def test_merge_short_joins_the_neighbour_it_leans_to_then_the_longer() -> None:
+    long_training, idle = _seg(0, 300, "training"), _seg(320, 400, "idle")
+    leans_idle = _seg(300, 320, "other", {"idle": 0.3, "training": 0.1})
+    out = merge_short([long_training, leans_idle, idle], 30.0)
+    assert [(s.label, s.start, s.end) for s in out] == [("training", 0, 300), ("idle", 300, 400)]
+    no_lean = _seg(300, 320, "other")
+    out = merge_short([long_training, no_lean, idle], 30.0)
+    assert [(s.label, s.start, s.end) for s in out] == [("training", 0, 320), ("idle", 320, 400)]
+
+
+def test_merge_short_keeps_what_touches_no_phase() -> None:
+    across_gap = [_seg(0, 300, "training"), _seg(400, 410, "idle")]
+    assert merge_short(across_gap, 60.0) == across_gap
+    beside_unknown = [_seg(0, 300, "unknown"), _seg(300, 310, "idle"), _seg(310, 600, "unknown")]
+    assert merge_short(beside_unknown, 60.0) == beside_unknown
+    alone = [_seg(0, 10, "idle")]
+    assert merge_short(alone, 60.0) == alone

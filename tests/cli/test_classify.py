@@ -6,11 +6,14 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from phasescope.classify.model import PhaseModel
 from phasescope.cli import main
 from phasescope.cli.classify import classify_trace, timeline
+from phasescope.config import ThresholdConfig
+from phasescope.schema import Trace
 from phasescope.sources.replay import read
 
 TRAIN_GPT2 = "sensorguard-rtx3090/20260825_train_gpt2_wikitext_verifier-gpu0_s2_r03/nvml.csv"
@@ -19,9 +22,19 @@ H100 = "nvidia-smi-h100-training/ckpt1.csv"
 CONTRACT = {"path", "device", "label", "probabilities", "missing_signals", "segments", "windows"}
 
 
+INTERLEAVING = "sensorguard-rtx3090/20260830T145309Z_dev-interleaving_node1-gpu2_r01/nvml.csv"
+
+
 @pytest.fixture(scope="module")
 def model() -> PhaseModel:
     return PhaseModel.load()
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # classify reads the user's config file ([thresholds]); the tests must not see the developer's.
+    monkeypatch.delenv("PHASESCOPE_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
 
 
 def run_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict], str]:
@@ -171,3 +184,74 @@ def test_every_labelled_trace_is_classified(shared_data: Path, model: PhaseModel
                 called += 1
     assert called > 200
     assert rules <= {"rate", "too little data"}, rules
+
+
+def test_min_confidence_from_the_config_file_or_a_flag_changes_the_verdict(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(shared_data / INTERLEAVING)
+    _, objs, _ = run_json([path], capsys)
+    default = by_index(objs, 2)
+    # Unset: the model's own 0.5 bar, and the output carries nothing new (the evaluated rules alone).
+    assert default["label"] == "training" and "thresholds" not in default
+    assert all(w["label"] != "unknown" for w in default["windows"])
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[thresholds]\nmin_confidence = 0.9\n")
+    code, objs, err = run_json(["--config", str(cfg), path], capsys)
+    strict = by_index(objs, 2)
+    assert code == 0, err
+    assert strict["thresholds"] == {"min_confidence": 0.9}
+    # Most of its windows are called below 0.9: they, and so the verdict, read unknown.
+    assert strict["label"] == "unknown"
+    assert sum(w["label"] == "unknown" for w in strict["windows"]) > len(strict["windows"]) // 2
+    assert [w["p_training"] for w in strict["windows"]] == [w["p_training"] for w in default["windows"]]
+    # The flag beats the file; the same file through $PHASESCOPE_CONFIG works too.
+    _, objs, _ = run_json(["--config", str(cfg), "--min-confidence", "0.5", path], capsys)
+    flagged = by_index(objs, 2)
+    assert flagged["label"] == "training" and flagged["thresholds"] == {"min_confidence": 0.5}
+    monkeypatch.setenv("PHASESCOPE_CONFIG", str(cfg))
+    _, objs, _ = run_json([path], capsys)
+    assert by_index(objs, 2) == strict
+
+
+def _training_idle_training(shared_data: Path, idle_s: float) -> Trace:
+    """A real training trace with `idle_s` of its idle bystander's telemetry spliced into the middle."""
+    train, idle = read(shared_data / TRAIN_GPT2)
+
+    def piece(t: Trace, a: float, b: float) -> dict[str, np.ndarray]:
+        keep = (t.time >= t.time[0] + a) & (t.time < t.time[0] + b)
+        return {s: v[keep] for s, v in t.columns.items()}
+
+    parts = [piece(train, 100, 400), piece(idle, 100, 100 + idle_s), piece(train, 400, 600)]
+    cols = {s: np.concatenate([p[s] for p in parts]) for s in parts[0]}
+    step = float(np.median(np.diff(train.time)))
+    return Trace(train.device, 1000.0 + step * np.arange(len(next(iter(cols.values())))), cols)
+
+
+def test_min_segment_merges_shorter_segments_into_their_neighbours(
+    shared_data: Path, model: PhaseModel
+) -> None:
+    trace = _training_idle_training(shared_data, 90.0)
+    default = classify_trace(model, trace, "x", None, None)
+    assert [s.label for s in default.segments] == ["training", "idle", "training"]
+    idle_s = default.segments[1].duration
+    assert 60.0 < idle_s < 90.0
+    unset = classify_trace(model, trace, "x", None, None, ThresholdConfig())
+    assert unset.to_json() == default.to_json()
+    kept = classify_trace(model, trace, "x", None, None, ThresholdConfig(min_segment_s=60.0))
+    assert [s.label for s in kept.segments] == ["training", "idle", "training"]
+    merged = classify_trace(model, trace, "x", None, None, ThresholdConfig(min_segment_s=idle_s + 1.0))
+    (one,) = merged.segments
+    assert one.label == "training" and one.n_windows == sum(s.n_windows for s in default.segments)
+    assert (one.start, one.end) == (default.segments[0].start, default.segments[-1].end)
+    assert merged.to_json()["thresholds"] == {"min_segment_s": idle_s + 1.0}
+    # The raw windows stay the model's: only the smoothed view changes.
+    assert merged.to_json()["windows"] == default.to_json()["windows"]
+
+
+def test_min_segment_flag_reaches_the_output(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, objs, err = run_json(["--min-segment", "45", str(shared_data / TRAIN_GPT2)], capsys)
+    assert code == 0, err
+    assert all(o["thresholds"] == {"min_segment_s": 45.0} for o in objs)
+    code = main(["classify", "--min-segment", "45", str(shared_data / TRAIN_GPT2)])
+    assert code == 0 and "thresholds set (config or flags): min_segment_s 45" in capsys.readouterr().out

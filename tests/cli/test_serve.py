@@ -113,6 +113,29 @@ def test_no_alarm_flag_turns_the_training_alarm_off(shared_data: Path, tmp_path:
 
 
 @pytest.mark.slow
+def test_config_min_confidence_turns_low_readings_unknown_with_the_reason(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    import json
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[thresholds]\nmin_confidence = 1.0\n")  # no reading is that sure: all say why
+    src = f"replay:{shared_data / MIGRATION_RUN}?speed=10"
+    with serve_process(["--source", src, "--no-alarm", "--config", str(cfg)], tmp_path) as url:
+        deadline = time.monotonic() + 40
+        while True:
+            state = json.loads(_get(url + "api/state")[1])
+            phases = [d["phase"] for d in state["devices"]]
+            if phases and all(p is not None and p["unknown_reason"] for p in phases):
+                break
+            assert time.monotonic() < deadline, phases
+            time.sleep(0.3)
+        for p in phases:
+            assert p["phase"] == "unknown" and p["confidence"] is None
+            assert p["unknown_reason"].endswith("< min_confidence 1"), p
+
+
+@pytest.mark.slow
 def test_store_history_is_served_from_the_start(shared_data: Path, tmp_path: Path) -> None:
     """`serve --store` over a store holding five minutes of a real training run: the history and its phase
     are on the API at once, ahead of the replay's own samples, and new samples go into the same store."""

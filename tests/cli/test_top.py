@@ -55,6 +55,33 @@ def test_no_alarm_flag_reaches_the_live_classifier(
     assert made[0].alarm_enabled is on and (made[0].alarm_runs > 0) is on
 
 
+@pytest.mark.parametrize("config", ["", "[thresholds]\nmin_confidence = 0.8\nmin_segment_s = 30\n"])
+def test_config_thresholds_reach_the_live_classifier(
+    shared_data: Path, config: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from phasescope import live_classify
+
+    made: list[live_classify.LiveClassifier] = []
+
+    class Spy(live_classify.LiveClassifier):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(live_classify, "LiveClassifier", Spy)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(config)
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--interval", "0.1", "--source", spec, "--config", str(cfg)]) == 0
+    capsys.readouterr()
+    (lc,) = made
+    if config:  # 30 s at a run every 5 s: the first sight and the one 30 s later
+        assert lc.min_confidence == 0.8 and lc.confirm == 7
+    else:  # unset: the rules the live path was evaluated with
+        assert lc.min_confidence is None and lc.confirm == 2
+
+
 def test_plain_ends_when_a_replay_ends(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = f"replay:{shared_data / GEMM_ON_GPU1}?speed=300"  # 338 recorded seconds in about 1.1 s
     t0 = time.monotonic()

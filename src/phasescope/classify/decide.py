@@ -152,6 +152,63 @@ def segments(pred: WindowProbs, params: SegmentParams | None = None) -> list[Seg
     return _collect(start, end, proba, state, unknown, long_unknown, breaks)
 
 
+def merge_short(segs: Sequence[Segment], min_s: float) -> list[Segment]:
+    """Fold every phase segment shorter than `min_s` into a phase segment it touches (the config's
+    `[thresholds] min_segment_s`; not used unless set, so the evaluated segments are unchanged).
+
+    Shortest first. Of its two neighbours it joins the one whose phase it gave more probability, then the
+    longer. Segments across a time gap or beside an "unknown" segment do not touch: a short one with no
+    touching phase neighbour is kept. Joined segments take the neighbour's label, and their probabilities
+    are the mean over all their called windows (as `segments` computes them).
+    """
+    out = list(segs)
+    while True:
+        short = [k for k, s in enumerate(out) if s.label != UNKNOWN and s.duration < min_s
+                 and _touching(out, k)]
+        if not short:
+            return out
+        i = min(short, key=lambda k: (out[k].duration, k))
+        j = max(_touching(out, i), key=lambda k: _pull(out[i], out[k]))
+        lo, hi = min(i, j), max(i, j)
+        # The other side may carry the same label (A, short B, A): then all three are one segment.
+        if lo > 0 and out[lo - 1].label == out[j].label and _meet(out[lo - 1], out[lo]):
+            lo -= 1
+        if hi + 1 < len(out) and out[hi + 1].label == out[j].label and _meet(out[hi], out[hi + 1]):
+            hi += 1
+        out[lo : hi + 1] = [_join(out[lo : hi + 1], out[j].label)]
+
+
+def _pull(short: Segment, neighbour: Segment) -> tuple[float, float]:
+    """How much `short` leans to `neighbour`: the probability it gave its phase, then its length."""
+    p = short.probabilities.get(neighbour.label, math.nan)
+    return (p if math.isfinite(p) else -math.inf, neighbour.duration)
+
+
+def _meet(a: Segment, b: Segment) -> bool:
+    """Whether b starts where a ends. `segments` computes a shared boundary once (halfway between window
+    centres), so equality is exact; across a time gap a segment ends at its last window's end instead."""
+    return b.start == a.end
+
+
+def _touching(segs: Sequence[Segment], i: int) -> list[int]:
+    """Indices of the phase segments right beside segs[i] with no time gap between."""
+    out = []
+    if i > 0 and segs[i - 1].label != UNKNOWN and _meet(segs[i - 1], segs[i]):
+        out.append(i - 1)
+    if i + 1 < len(segs) and segs[i + 1].label != UNKNOWN and _meet(segs[i], segs[i + 1]):
+        out.append(i + 1)
+    return out
+
+
+def _join(parts: Sequence[Segment], label: str) -> Segment:
+    n = sum(p.n_windows for p in parts)
+    probs = {
+        ph: sum(p.probabilities.get(ph, 0.0) * p.n_windows for p in parts) / n if n else math.nan
+        for ph in PHASES
+    }
+    return Segment(parts[0].start, parts[-1].end, label, probs, n, sum(p.n_unknown for p in parts))
+
+
 def overall_label(segs: Sequence[Segment]) -> str:
     """The label that holds the most time across segments; "unknown" when unknown time dominates or none."""
     totals: dict[str, float] = {}

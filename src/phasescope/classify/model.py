@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,12 @@ class PhaseModel:
         self.rules = rules
         self.submodels = sorted(submodels, key=lambda s: -len(s.signals))
         self.card: dict[str, Any] = dict(card or {})
+
+    def with_rules(self, **changes: Any) -> PhaseModel:
+        """A copy whose unknown rules differ by `changes` (e.g. `min_proba` from the config's
+        `min_confidence`); it shares the submodels, so boosters are parsed once for both."""
+        rules = replace(self.rules, **changes)
+        return type(self)(self.version, self.config, rules, self.submodels, self.card)
 
     def warm_up(self) -> None:
         """Parse every submodel's booster now (LightGBM's first parse takes seconds), not on first use."""

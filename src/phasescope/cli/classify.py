@@ -3,6 +3,8 @@
 `--json` prints one object per device trace per line:
     {"path", "device", "label", "probabilities", "missing_signals", "segments": [...],
      "windows": [{"start", "end", "label", "p_training"}], ...}
+plus "thresholds" ({"min_confidence", "min_segment_s"}: the ones set) only when the config file or a flag
+sets `[thresholds] min_confidence` / `min_segment_s`; unset, the output is the evaluated rules' alone.
 Without it, a short table and a timeline strip per device. A file that cannot be read gets one line on
 stderr; the other paths are still classified, and the exit code is non-zero if any failed.
 """
@@ -13,13 +15,14 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
 import numpy as np
 
 from phasescope.classify import decide
+from phasescope.config import ThresholdConfig
 from phasescope.errors import PhasescopeError
 from phasescope.schema import Trace
 
@@ -49,6 +52,7 @@ class Result:
     label: str
     probabilities: dict[str, float]
     confidence: float
+    thresholds: dict[str, float] = field(default_factory=dict)  # the config's thresholds set, as applied
 
     def to_json(self) -> dict[str, Any]:
         dev = self.trace.device
@@ -60,7 +64,7 @@ class Result:
             for s, e, lab, p in zip(start.tolist(), end.tolist(), self.pred.labels, p_train.tolist(),
                                     strict=True)
         ]
-        return {
+        out = {
             "path": self.path,
             "device": dev.uuid,
             "device_name": dev.name,
@@ -74,13 +78,38 @@ class Result:
             "segments": [s.to_dict() for s in self.segments],
             "windows": windows,
         }
+        if self.thresholds:  # why windows or segments differ from the model's own rules
+            out["thresholds"] = dict(self.thresholds)
+        return out
 
 
-def classify_trace(model: Any, trace: Trace, path: str, window: float | None, stride: float | None) -> Result:
+def classify_trace(
+    model: Any,
+    trace: Trace,
+    path: str,
+    window: float | None,
+    stride: float | None,
+    thresholds: ThresholdConfig | None = None,
+) -> Result:
+    """One trace's verdict. `thresholds` (the config's) changes it only where `min_confidence` or
+    `min_segment_s` is set: windows whose best probability is below min_confidence read unknown (it
+    replaces the model's own `min_proba`), and no segment is shorter than min_segment_s where a neighbour
+    touches it (unknown runs under it are bridged, short phase segments merged: `decide.merge_short`)."""
+    used: dict[str, float] = {}
+    params = decide.SegmentParams()
+    if thresholds is not None and thresholds.min_confidence is not None:
+        used["min_confidence"] = thresholds.min_confidence
+        model = model.with_rules(min_proba=thresholds.min_confidence)
+    if thresholds is not None and thresholds.min_segment_s is not None:
+        used["min_segment_s"] = thresholds.min_segment_s
+        params = replace(params, min_unknown_s=max(params.min_unknown_s, thresholds.min_segment_s))
     pred = _predict(model, trace, window, stride)
-    segs = decide.segments(pred)
+    segs = decide.segments(pred, params)
+    if "min_segment_s" in used:
+        segs = decide.merge_short(segs, used["min_segment_s"])
     label = decide.overall_label(segs)
-    return Result(path, trace, pred, segs, label, decide.mean_probabilities(pred), _confidence(segs, label))
+    return Result(path, trace, pred, segs, label, decide.mean_probabilities(pred), _confidence(segs, label),
+                  used)
 
 
 def _predict(model: Any, trace: Trace, window: float | None, stride: float | None) -> Any:
@@ -196,6 +225,10 @@ def print_human(results: Sequence[Result]) -> None:
             console.print(strip, no_wrap=True, overflow="crop")
     legend = "  ".join(f"{c} {lab}" for lab, (c, _) in _GLYPH.items())
     console.print(Text(f"timeline: one char per window (or per group of windows): {legend}", style="dim"))
+    used = next((r.thresholds for r in results if r.thresholds), {})
+    if used:
+        text = ", ".join(f"{k} {v:g}" for k, v in used.items())
+        console.print(Text(f"thresholds set (config or flags): {text}", style="dim"))
 
 
 def _short_path(path: str, limit: int = 48) -> str:
@@ -216,8 +249,17 @@ def _short_path(path: str, limit: int = 48) -> str:
               help="Window length in seconds (default: the model's).")
 @click.option("--stride", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stride between windows in seconds (default: the model's).")
+@click.option("--min-confidence", type=click.FloatRange(0, 1), default=None,
+              help="Windows whose best probability is below this read unknown (default: the config file's "
+                   "[thresholds] min_confidence; unset, the model's own 0.5).")
+@click.option("--min-segment", "min_segment_s", type=click.FloatRange(min=0), default=None,
+              help="Shortest segment in seconds; shorter ones join a touching neighbour (default: the config "
+                   "file's [thresholds] min_segment_s; unset, none is merged).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML config file (its [thresholds]; default: $PHASESCOPE_CONFIG or the user's).")
 def command(paths: tuple[str, ...], fmt: str, as_json: bool, model_path: str | None,
-            window: float | None, stride: float | None) -> None:
+            window: float | None, stride: float | None, min_confidence: float | None,
+            min_segment_s: float | None, config_path: str | None) -> None:
     """Classify recorded traces: training, inference, other compute or idle, per device and over time.
 
     \b
@@ -225,16 +267,20 @@ def command(paths: tuple[str, ...], fmt: str, as_json: bool, model_path: str | N
       phasescope classify run.parquet
       phasescope classify nvml.csv gpu_log.csv --json
     """
+    from phasescope import config as configmod
     from phasescope.classify.model import PhaseModel
     from phasescope.sources.replay import read
 
+    thresholds = configmod.load(config_path).override(
+        thresholds__min_confidence=min_confidence, thresholds__min_segment_s=min_segment_s
+    ).thresholds
     model = PhaseModel.load(model_path)
     failures: list[PhasescopeError] = []
     results: list[Result] = []
     for path in paths:
         try:
             traces = read(path, fmt)
-            out = [classify_trace(model, t, path, window, stride) for t in traces]
+            out = [classify_trace(model, t, path, window, stride, thresholds) for t in traces]
         except PhasescopeError as exc:
             failures.append(exc)
             if len(paths) > 1:

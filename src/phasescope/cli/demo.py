@@ -150,7 +150,9 @@ def command(
         hooks = HookKpiReader(children.events_dir, consume=True) if children.events_dir else None
         # One agent samples for both views: the terminal reads its state, the page its snapshots.
         prices, price_note = demo_prices(cfg.prices)
-        agent = Agent(source, interval, classifier=LiveClassifier(), prices=prices,
+        classifier = LiveClassifier(min_confidence=cfg.thresholds.min_confidence,
+                                    min_segment_s=cfg.thresholds.min_segment_s)
+        agent = Agent(source, interval, classifier=classifier, prices=prices,
                       idle_util=cfg.thresholds.idle_util, gap_factor=cfg.thresholds.energy_gap_factor,
                       hooks=hooks)
         agent.state.process_labels.update(roles)

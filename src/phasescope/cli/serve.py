@@ -96,7 +96,9 @@ def command(
         prices__usd_per_gpu_hour=usd_per_gpu_hour, prices__usd_per_kwh=usd_per_kwh,
     )
     bind_port = 0 if port == 0 else cfg.serve.port
-    classifier = LiveClassifier(PhaseModel.load(model_path), alarm=alarm)
+    classifier = LiveClassifier(PhaseModel.load(model_path), alarm=alarm,
+                                min_confidence=cfg.thresholds.min_confidence,
+                                min_segment_s=cfg.thresholds.min_segment_s)
     classifier.warm_up()  # before the source opens: a replay's clock starts when it does
     try:
         import uvicorn  # noqa: F401  (the web extra, checked before the source opens)

@@ -58,6 +58,8 @@ def run_live(
     store: str | Path | None = None,
     history_s: float = DEFAULT_HISTORY_S,
     store_write: bool = True,
+    min_confidence: float | None = None,
+    min_segment_s: float | None = None,
 ) -> LiveState:
     """Watch `source` in one of three modes: "tui" (full screen), "plain" (a table per tick), "once".
 
@@ -67,7 +69,8 @@ def run_live(
     (default: the config file's) turn metered energy into cost. `annotate` replaces the classifier and
     the KPI readers (tests). With `store` (a live store's path), the watched devices' last `history_s`
     seconds in it are loaded before the first sample, and with `store_write` every new tick is written to
-    it (see `open_history`). The source is closed when sampling ends. Returns the state.
+    it (see `open_history`). `min_confidence` / `min_segment_s` (the config's [thresholds], None: unset) go
+    to the classifier. The source is closed when sampling ends. Returns the state.
     """
     if prices is None:  # not given: the config file's, per device model (none set -> energy without cost)
         from phasescope import config as configmod
@@ -97,7 +100,8 @@ def run_live(
     scrapers = [scrape_reader(spec) for spec in scrapes]
     if annotate is None:
         annotate = make_annotator(state, classify, events_dir or os.environ.get(EVENTS_DIR_ENV) or None,
-                                  scrapers, consume_events, alarm=alarm)
+                                  scrapers, consume_events, alarm=alarm, min_confidence=min_confidence,
+                                  min_segment_s=min_segment_s)
     before = None
     classifier = getattr(annotate, "classifier", None)  # an Annotator's; a test's own annotate has none
     if history is not None and history.traces and classifier is not None:
@@ -213,6 +217,8 @@ def make_annotator(
     scrapes: Sequence[ScrapeKpiReader] = (),
     consume_events: bool = False,
     alarm: bool = True,
+    min_confidence: float | None = None,
+    min_segment_s: float | None = None,
 ) -> Callable[[LiveState], None] | None:
     """The live classifier, hook-KPI and /metrics readers, as far as they can run here (a missing part is a
     notice)."""
@@ -223,7 +229,9 @@ def make_annotator(
         try:
             from phasescope.live_classify import LiveClassifier
 
-            classifier = LiveClassifier(alarm=alarm)
+            classifier = LiveClassifier(
+                alarm=alarm, min_confidence=min_confidence, min_segment_s=min_segment_s
+            )
             # Parse the model's boosters (seconds) beside the first ticks rather than inside one.
             threading.Thread(target=classifier.warm_up, name="phasescope-warm-up", daemon=True).start()
         except Exception as exc:  # e.g. lightgbm missing: telemetry still shows, the phase says why not
@@ -316,7 +324,8 @@ def command(
              notices=notices, classify=classify, alarm=alarm, events_dir=events_dir,
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
              idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,
-             store_write=store_write)
+             store_write=store_write, min_confidence=cfg.thresholds.min_confidence,
+             min_segment_s=cfg.thresholds.min_segment_s)
 
 
 def open_watched(spec: str, say: Callable[[str], None], host_row: bool) -> LiveSource:

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from phasescope.errors import InputError
@@ -160,7 +160,11 @@ def _exercise(name: str, seed_index: int, ops: list[tuple[str, int, bytes]], mut
                 assert isinstance(traces, list)
 
 
-FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: every run (CI included) tries the same examples, so a failure reproduces; the @example
+# cases pin bugs found so far.
+FUZZ = settings(
+    max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @pytest.mark.parametrize("name", READERS)
@@ -168,6 +172,9 @@ FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChe
 @given(
     seed_index=st.integers(0, 5), ops=st.lists(mutation, min_size=1, max_size=4), mutate_sibling=st.booleans()
 )
+# A non-UTF-8 byte in a Parquet column name: pyarrow raised UnicodeDecodeError past spar's sniff and the
+# phasescope reader's footer check.
+@example(seed_index=0, ops=[("replace", 4353, b"\x80")], mutate_sibling=False)
 def test_mutated_real_files(
     name: str, seed_index: int, ops: list[tuple[str, int, bytes]], mutate_sibling: bool
 ) -> None:
@@ -189,7 +196,7 @@ def test_random_bytes(name: str, blob: bytes) -> None:
                 assert "\n" not in str(exc)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     text=st.text(
         alphabet=st.sampled_from(list('0123456789.,-# \n%WMiBHz[]/:_abcdefgpuDCGMFI{}="')), max_size=400

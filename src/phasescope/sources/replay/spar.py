@@ -75,7 +75,7 @@ def sniff(path: PathLike) -> bool:
         return False
     try:
         names = pq.read_schema(p).names
-    except (pa.ArrowException, OSError):
+    except (pa.ArrowException, OSError, UnicodeError):  # UnicodeError: a damaged, non-UTF-8 column name
         return False
     return all(c in names for c in _REQUIRED)
 
