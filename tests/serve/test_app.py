@@ -15,7 +15,7 @@ import pytest
 
 from phasescope.classify.model import PhaseModel
 from phasescope.config import PriceConfig
-from phasescope.live_classify import LiveClassifier
+from phasescope.live_classify import LiveClassifier, PhaseReading
 from phasescope.serve.agent import CHART_SIGNALS, Agent
 from phasescope.serve.app import PLOTLY_PATH, build_app
 from phasescope.sources.base import TickBatch
@@ -339,7 +339,9 @@ def test_the_host_gets_its_hooks_phase_and_a_time_cost_not_the_gpu_classifier() 
         dev = state["devices"][0]
         assert dev["phase"] == {"phase": "training", "confidence": None, "proba": {}, "since": None,
                                 "t": None, "held": False, "training_alarm": False, "alarm_at": None,
-                                "source": "hooks"}
+                                "unknown_reason": None, "source": "hooks"}
+        # Every device's phase object has the same fields, whoever answers it (hooks or the classifier).
+        assert set(dev["phase"]) == {*PhaseReading("idle", 1.0, {}, 0.0, 0.0).to_dict(), "source"}
         assert dev["energy"]["method"] == "none"
         training = dev["energy"]["phases"]["training"]
         assert "other" not in dev["energy"]["phases"]  # the classifier's verdict on CPU load is not metered

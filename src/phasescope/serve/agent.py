@@ -287,7 +287,7 @@ class Agent:
         if not label:
             return None
         return {"phase": label, "confidence": None, "proba": {}, "since": None, "t": None, "held": False,
-                "training_alarm": False, "alarm_at": None, "source": "hooks"}
+                "training_alarm": False, "alarm_at": None, "unknown_reason": None, "source": "hooks"}
 
     def _process_kpis(self, rows: list[Row]) -> dict[str, list[dict[str, Any]]]:
         """uuid -> [{pid, label, kpis}] for the processes a hooked run reports on (e.g. the demo's two)."""
