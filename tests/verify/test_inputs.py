@@ -34,3 +34,26 @@ def test_watching_a_replay_stops_at_its_end(shared_data: Path) -> None:
     (trace,) = sample_live(src, duration_s=3.0, interval_s=0.1)
     assert len(trace) >= 3
     assert np.isfinite(trace["power"]).all()
+
+
+def test_logs_without_gpu_uuids_from_two_files_are_not_joined(shared_data: Path, tmp_path: Path) -> None:
+    """Two hosts' dmon logs with the same file name both call their GPU 0 "file:dmon#0", and overlap in time:
+    two devices, not one recording in two parts (joined, the second host's samples at the first's times
+    vanished without a word). Daily logs of one device (spans in sequence) are still joined (test_verify.py
+    test_one_device_in_several_inputs_is_one_timeline)."""
+    from phasescope.verify.inputs import read_inputs
+
+    dmon = shared_data / "formats/nvidia-smi-dmon"
+    paths = []
+    for host, name in (("h1", "iamwavecut__OrbitQuant__rtx-pro-6000-kernel-bench_dmon-15s.txt"),
+                       ("h2", "sugarcraft__candy-top__skynet2_dmon-c1-pucm.txt")):
+        (tmp_path / host).mkdir()
+        (tmp_path / host / "dmon.txt").write_bytes((dmon / name).read_bytes())
+        paths.append(str(tmp_path / host / "dmon.txt"))
+    with pytest.raises(InputError, match=r"h1/dmon.txt: device file:dmon#0: expected a span after .*h2/dmon"):
+        read_inputs(paths)
+    # The same file given twice is still one trace, each sample once.
+    (alone,) = [t for t in read_inputs([paths[0]])[0] if t.device.uuid == "file:dmon#0"]
+    again = str(tmp_path / "h2" / ".." / "h1" / "dmon.txt")
+    (twice,) = [t for t in read_inputs([paths[0], again])[0] if t.device.uuid == "file:dmon#0"]
+    assert len(twice) == len(alone) == 10

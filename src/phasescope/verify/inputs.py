@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,18 +67,44 @@ def read_inputs(paths: Sequence[str], fmt: str = "auto") -> tuple[list[Trace], l
 def one_trace_per_device(traces: Sequence[Trace]) -> list[Trace]:
     """Traces of one device from several inputs (a recording per day) joined in time order, so a verdict
     covers the device's whole span and a bundle holds one timeline per device, as `audit` rebuilds it;
-    a sample read twice (overlapping inputs) is kept once."""
+    a sample read twice (overlapping inputs) is kept once.
+
+    A device named only by its file (`synth_uuid`: "file:<stem>#<index>", a log without GPU uuids) is one
+    device in several files only if their spans follow one another (day0/gpu.csv, day1/gpu.csv): two such
+    files that overlap in time are two devices, or logs without dates (h1/dmon.txt, h2/dmon.txt), and are
+    refused. Joined, one's samples at the other's times were silently dropped."""
     by_device: dict[str, list[Trace]] = {}
     for t in traces:
         by_device.setdefault(t.device.uuid, []).append(t)
     out = []
-    for parts in by_device.values():
-        if len(parts) == 1:
-            out.append(parts[0])
-            continue
-        joined = Trace.concat(parts)
-        out.append(joined.take(np.concatenate([[True], np.diff(joined.time) > 0])))
+    for uuid, parts in by_device.items():
+        if uuid.startswith("file:"):  # sources/replay/_common.py synth_uuid
+            _check_one_device(uuid, parts)
+        out.append(parts[0] if len(parts) == 1 else _join(parts))
     return out
+
+
+def _join(parts: Sequence[Trace]) -> Trace:
+    joined = Trace.concat(list(parts))
+    return joined.take(np.concatenate([[True], np.diff(joined.time) > 0]))
+
+
+def _check_one_device(uuid: str, parts: Sequence[Trace]) -> None:
+    """InputError when files that share a file-made device id overlap in time (see one_trace_per_device)."""
+    by_file: dict[str, list[Trace]] = {}
+    for t in parts:
+        where = t.meta.get("source_path")  # one file given twice, by two spellings, is still one file
+        by_file.setdefault(str(Path(where).resolve()) if where else "", []).append(t)
+    spans = sorted((float(np.min(t.time)), float(np.max(t.time)), path)
+                   for path, ts in by_file.items() if len(t := _join(ts)))
+    for (_, end, before), (start, _, path) in itertools.pairwise(spans):
+        if start <= end:
+            raise InputError(
+                path, f"device {uuid}",
+                f"a span after {before}'s (the files name no GPU uuid, so one id from the file name means "
+                "one device, whose logs cannot overlap; give other devices' logs other file names)",
+                f"samples from t={start:.3f}, before its end t={end:.3f}",
+            )
 
 
 def read_store(path: str | Path | None, since: float | None, until: float | None) -> list[Trace]:
