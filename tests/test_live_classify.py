@@ -120,20 +120,20 @@ def test_a_lost_device_goes_unknown_once_its_window_is_empty(
     assert lc.reading(keep).phase != "unknown"  # type: ignore[union-attr]
 
 
-def test_a_gpu_whose_rows_turn_nan_goes_unknown_at_the_next_run(
+def test_a_gpu_whose_rows_turn_nan_goes_unknown_within_two_runs(
     migration: list[Trace], model: PhaseModel
 ) -> None:
     """NVML keeps a lost GPU's row, all NaN: the samples before the loss must not keep (or give) it a phase
-    for the rest of the window, nor meter its time under one."""
+    for the rest of the window, nor meter its time under one. Dark for `every_s` is dark."""
     lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
     state = LiveState("replay")
-    all_ticks = list(ticks(migration, stop=110))
+    all_ticks = list(ticks(migration, stop=115))
     for batch in all_ticks[:100]:
         state.ingest(batch)
         lc.update(state)
     lost, keep = migration[0].device.uuid, migration[1].device.uuid
     assert lc.reading(lost).phase != "unknown"  # type: ignore[union-attr]
-    for batch in all_ticks[100:107]:  # one classifier run later, with 23 s of pre-loss data in its window
+    for batch in all_ticks[100:112]:  # two classifier runs later, with 18 s of pre-loss data in its window
         values = batch.values.copy()
         values[0] = np.nan
         state.ingest(TickBatch(batch.time, batch.devices, values))
@@ -142,6 +142,39 @@ def test_a_gpu_whose_rows_turn_nan_goes_unknown_at_the_next_run(
     assert r is not None and r.phase == "unknown" and not r.training_alarm
     assert lc.phases()[lost] == "unknown"  # what the energy meter attributes its time to
     assert lc.reading(keep).phase != "unknown"  # type: ignore[union-attr]
+
+
+def test_one_failed_read_neither_flips_the_phase_nor_resets_the_alarm(
+    migration: list[Trace], model: PhaseModel
+) -> None:
+    """A single all-NaN tick (one failed NVML read) on a classifier and alarm tick is not a lost GPU: the
+    badge must not flip to unknown and back, nor the training alarm fall and fire again with a new start."""
+    lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
+    state = LiveState("replay")
+    all_ticks = list(ticks(migration, stop=140))
+    gpu = migration[0].device.uuid
+    for batch in all_ticks[:100]:
+        state.ingest(batch)
+        lc.update(state)
+    before = lc.reading(gpu)
+    assert before is not None and before.phase == "training" and before.training_alarm
+    seen, failed, last_failed = [], 0, False
+    track = lc._tracks[gpu]
+    for batch in all_ticks[100:]:
+        values = batch.values.copy()
+        due = batch.time - min(track.last_run, track.alarm_run) >= 5.0
+        if due and not last_failed and failed < 4:  # isolated failed reads, each on a run tick
+            values[0] = np.nan
+            failed += 1
+        last_failed = not np.isfinite(values[0]).any()
+        state.ingest(TickBatch(batch.time, batch.devices, values))
+        lc.update(state)
+        r = lc.reading(gpu)
+        assert r is not None
+        seen.append((r.phase, r.training_alarm, r.alarm_at))
+    assert failed == 4
+    assert {s[0] for s in seen} == {"training"}
+    assert all(s[1] and s[2] == before.alarm_at for s in seen)
 
 
 class _Scripted:

@@ -97,6 +97,7 @@ class _DeviceTrack:
     alarm: onset.OnsetAlarm | None = None  # None: the alarm is off
     alarm_run: float = -math.inf  # data time of the alarm's last update
     alarm_at: float | None = None
+    dark_since: float = math.nan  # data time its newest tick was first seen all-NaN, in the current streak
 
 
 DEFAULT_WINDOW_S = 60.0  # the data each classifier run judges
@@ -195,7 +196,7 @@ class LiveClassifier:
             if not due:
                 continue
             trace = self._recent(state, uuid, t_now, self.window_s)
-            dark = _dark(state, uuid, trace)
+            dark = self._dark(state, uuid, trace, track, t_now)
             phase, proba = (UNKNOWN, {}) if dark else self._judge(trace)
             with self._lock:
                 track.last_run = t_now
@@ -214,7 +215,7 @@ class LiveClassifier:
     ) -> None:
         """Feed the device's last HISTORY_S seconds to its onset alarm; the reading follows its state."""
         trace = self._recent(state, uuid, t_now, onset.HISTORY_S)
-        dark = _dark(state, uuid, trace)
+        dark = self._dark(state, uuid, trace, track, t_now)
         if dark:  # whatever held has ended; start afresh when data returns
             alarm = track.alarm = onset.OnsetAlarm(alarm.model, alarm.params)
         fired = False if dark else alarm.update(trace)
@@ -229,6 +230,22 @@ class LiveClassifier:
                 track.reading = replace(track.reading, training_alarm=alarm.active, alarm_at=track.alarm_at)
             if track.shown is not None:
                 track.shown = replace(track.shown, training_alarm=alarm.active, alarm_at=track.alarm_at)
+
+    def _dark(self, state: LiveState, uuid: str, recent: Trace, track: _DeviceTrack, t_now: float) -> bool:
+        """Whether a device is dark now, so nothing is judged from the older samples in its window (judging
+        them kept a lost GPU's phase, or gave it a new one, for a whole window, with its time metered under
+        that phase): no longer listed, nothing in its recent window, or its newest tick all-NaN
+        (`LiveState.is_dark`: NVML keeps a GPU off the bus as such a row) for at least `every_s`. One failed
+        read (a tick all-NaN, then data again) is not dark: it must not reset the training alarm or flip
+        the badge to unknown and back."""
+        if state.is_lost(uuid) or not len(recent):
+            return True
+        if not state.is_dark(uuid):
+            track.dark_since = math.nan
+            return False
+        if math.isnan(track.dark_since):
+            track.dark_since = t_now
+        return t_now - track.dark_since >= self.every_s
 
     def _recent(self, state: LiveState, uuid: str, t_now: float, span: float) -> Trace:
         """The device's samples in (t_now - span, t_now] that hold some data."""
@@ -317,11 +334,3 @@ class LiveClassifier:
         """uuid -> current phase, for every device with a reading (what the energy meter attributes to)."""
         with self._lock:
             return {u: t.shown.phase for u, t in self._tracks.items() if t.shown}
-
-
-def _dark(state: LiveState, uuid: str, recent: Trace) -> bool:
-    """Whether a device is dark now (`LiveState.is_dark`, e.g. a GPU off the bus), or has nothing in its
-    recent window. Its older samples in the window no longer describe it, so nothing is judged from them:
-    judging them kept a lost GPU's phase (or gave it a new one) for a whole window after it was gone, with
-    its time metered under that phase."""
-    return state.is_dark(uuid) or not len(recent)
