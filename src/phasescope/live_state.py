@@ -32,7 +32,7 @@ from phasescope.display import (
     sparkline,
 )
 from phasescope.kpi.cost import Prices, device_cost, mig_prices
-from phasescope.kpi.energy import FleetEnergyMeter
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample, Trace
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 from phasescope.sources.host import is_host_device
@@ -191,6 +191,7 @@ class LiveState:
         *,
         prices: Prices | Callable[[DeviceInfo], Prices] | None = None,
         idle_util: float = 0.05,
+        gap_factor: float = DEFAULT_GAP_FACTOR,
     ) -> None:
         self.source_name = source_name
         self.capacity = capacity
@@ -204,7 +205,9 @@ class LiveState:
         self.process_labels: dict[int, str] = {}  # pid -> a role to show (e.g. "demo training")
         self.prices = prices or Prices()  # one price for all, or per device (e.g. by model name)
         self.idle_util = idle_util
-        self.energy = FleetEnergyMeter()
+        # No interval given: each device's meter learns the period from its ticks' own (data-clock) spacing,
+        # so a replay at 10 s or `top --interval 5` is metered with the offline gap rule, not a 1 s tick's.
+        self.energy = FleetEnergyMeter(gap_factor=gap_factor)
         self._phases: dict[str, PhaseView] = {}
         self._kpis: dict[str, dict[str, float]] = {}  # device uuid -> hook KPIs (kpi/training, kpi/inference)
         self._proc_kpis: dict[int, dict[str, float]] = {}  # pid -> hook KPIs of that process

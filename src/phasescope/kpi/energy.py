@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,6 +31,8 @@ from phasescope.schema import SIGNAL_NAMES, FloatArray, Trace
 Method = Literal["counter", "integrated_power", "none"]
 
 DEFAULT_GAP_FACTOR = 3.0
+# Live meters without a given interval learn the sample period from this many most recent tick spacings.
+PERIOD_TICKS = 600
 # Time no phase segment claims, when segments are given.
 UNSEGMENTED = "unsegmented"
 J_PER_KWH = 3.6e6
@@ -345,14 +348,26 @@ class EnergyMeter:
 
     `update(t, power_w, energy_j, phase)` attributes the interval since the previous tick to `phase` (the
     phase current at this tick; None -> "unknown"). Once the device has shown a counter reading, the counter
-    is used; until then, power is integrated with the batch method's gap rule (`gap_factor` x `interval_s`).
+    is used; until then, power is integrated with the batch method's gap rule: `gap_factor` x the sample
+    period, where the period is `interval_s` when given, else learnt like the batch method's, the median tick
+    spacing (`sample_period`) of the last `PERIOD_TICKS` ticks, so ticks 5 or 10 s apart are metered as the
+    batch figure meters the same samples. `max_gap_s` fixes the allowance outright.
     A counter that returns after a gap covers the gap exactly; its energy goes to the phase at its return.
     """
 
     def __init__(
-        self, interval_s: float = 1.0, gap_factor: float = DEFAULT_GAP_FACTOR, max_gap_s: float | None = None
+        self,
+        interval_s: float | None = None,
+        gap_factor: float = DEFAULT_GAP_FACTOR,
+        max_gap_s: float | None = None,
     ) -> None:
-        self.max_gap_s = max_gap_s if max_gap_s is not None else gap_factor * interval_s
+        self.gap_factor = gap_factor
+        self._fixed_gap_s = (
+            max_gap_s if max_gap_s is not None else None if interval_s is None else gap_factor * interval_s
+        )
+        # Recent tick times (data clock) the period is learnt from when no interval is given; bounded, so a
+        # long session costs constant memory. Live ticks are meant to be regular: the median settles at once.
+        self._tick_times: deque[float] = deque(maxlen=PERIOD_TICKS + 1)
         self.first_time = float("nan")
         self.last_time = float("nan")
         self.resets = 0
@@ -370,6 +385,7 @@ class EnergyMeter:
         if not math.isfinite(t) or (math.isfinite(self.last_time) and t <= self.last_time):
             return 0.0
         label = phase or "unknown"
+        self._tick_times.append(t)
         added_j, added_cov, via = 0.0, 0.0, ""
         p, e = float(power_w), float(energy_j)
         t0, e0 = self._last_counter
@@ -410,6 +426,14 @@ class EnergyMeter:
         return added_j
 
     @property
+    def max_gap_s(self) -> float:
+        """The longest interval power is integrated (or a counter reset bridged) over, as of the last tick."""
+        if self._fixed_gap_s is not None:
+            return self._fixed_gap_s
+        gap = self.gap_factor * sample_period(np.fromiter(self._tick_times, dtype=np.float64))
+        return gap if math.isfinite(gap) else 0.0  # as `energy_curve`: no period known, nothing bridged
+
+    @property
     def joules(self) -> float:
         return sum(v[0] for v in self._phases.values())
 
@@ -438,9 +462,11 @@ class EnergyMeter:
 
 
 class FleetEnergyMeter:
-    """One `EnergyMeter` per device, fed whole `TickBatch`es (sources/base.py) as the sampler makes them."""
+    """One `EnergyMeter` per device, fed whole `TickBatch`es (sources/base.py) as the sampler makes them.
 
-    def __init__(self, interval_s: float = 1.0, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
+    `interval_s` None (the default): each device's meter learns its sample period from its own ticks."""
+
+    def __init__(self, interval_s: float | None = None, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
         self.interval_s = interval_s
         self.gap_factor = gap_factor
         self.meters: dict[str, EnergyMeter] = {}

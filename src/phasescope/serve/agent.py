@@ -64,17 +64,19 @@ class Agent:
         self.interval_s = float(interval_s)
         self.prices = prices or PriceConfig()
         self.classifier = classifier if classifier is not None else LiveClassifier()
-        # The meter's gap rule works on the data clock: a replay at speed N still has its recorded spacing.
+        # The data clock's interval: a replay at speed N still has its recorded spacing.
         self.data_interval_s = float(getattr(source, "native_interval_s", interval_s))
         # The ring holds at least what the classifier and its alarm read (120 s is 1,201 ticks at 10 Hz).
         capacity = max(history_ticks, self.classifier.ring_ticks(self.data_interval_s))
         self.state = LiveState(source.name, capacity=capacity, prices=self._device_prices,
-                               idle_util=idle_util)
+                               idle_util=idle_util, gap_factor=gap_factor)
         self.hooks = hooks
         self.store = store  # every tick is also kept here, for `verify --since/--until` and history
         # The same per-tick step as `phasescope top`: phase into the state, hook KPIs where a run writes them.
         self._annotate: Annotator | None = Annotator(self.classifier, hooks)
-        self.energy = FleetEnergyMeter(self.data_interval_s, gap_factor)
+        # As LiveState's meter (the status line): the period comes from each device's ticks, so `--interval 5`
+        # over a 1 s replay is metered by the offline gap rule on those ticks, not called all gaps.
+        self.energy = FleetEnergyMeter(gap_factor=gap_factor)
         self.sampler = Sampler(source, interval_s)
         self.started = time.time()
         self.exhausted = False  # a replay that reached its end: the last picture stays up
