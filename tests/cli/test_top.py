@@ -11,6 +11,7 @@ import pytest
 
 from phasescope.cli import main
 from phasescope.display import MISSING
+from phasescope.live_state import LiveState
 from tests.live_helpers import TRAINING_RUN
 
 GEMM_ON_GPU1 = "sensorguard-rtx3090/20260825_hpc_gemm_verifier-gpu1_s3_r03/nvml.csv"
@@ -55,14 +56,25 @@ def test_no_alarm_flag_reaches_the_live_classifier(
     assert made[0].alarm_enabled is on and (made[0].alarm_runs > 0) is on
 
 
-@pytest.mark.parametrize("config", ["", "[thresholds]\nmin_confidence = 0.8\nmin_segment_s = 30\n"])
+@pytest.mark.parametrize(
+    "config", ["", "[thresholds]\nmin_confidence = 0.8\nmin_segment_s = 30\nenergy_gap_factor = 7\n"]
+)
 def test_config_thresholds_reach_the_live_classifier(
     shared_data: Path, config: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from phasescope import live_classify
+    from phasescope.cli import top as top_module
 
     made: list[live_classify.LiveClassifier] = []
+    states: list[LiveState] = []
+
+    class SpyState(LiveState):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            states.append(self)
+
+    monkeypatch.setattr(top_module, "LiveState", SpyState)
 
     class Spy(live_classify.LiveClassifier):
         def __init__(self, *args: object, **kwargs: object) -> None:
@@ -76,10 +88,13 @@ def test_config_thresholds_reach_the_live_classifier(
     assert main(["top", "--once", "--interval", "0.1", "--source", spec, "--config", str(cfg)]) == 0
     capsys.readouterr()
     (lc,) = made
+    (state,) = states
     if config:  # 30 s at a run every 5 s: the first sight and the one 30 s later
         assert lc.min_confidence == 0.8 and lc.confirm == 7
+        assert state.energy.gap_factor == 7.0  # the energy meter's gap rule follows the config too
     else:  # unset: the rules the live path was evaluated with
         assert lc.min_confidence is None and lc.confirm == 2
+        assert state.energy.gap_factor == 3.0
 
 
 def test_plain_ends_when_a_replay_ends(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:

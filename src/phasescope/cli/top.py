@@ -16,6 +16,7 @@ from phasescope.cli.cost import _config, _price_options
 from phasescope.errors import SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
 from phasescope.kpi.cost import Prices
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
 from phasescope.live_history import DEFAULT_HISTORY_S, backfill_phases, open_history
 from phasescope.live_state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
 from phasescope.schema import DeviceInfo
@@ -60,6 +61,7 @@ def run_live(
     store_write: bool = True,
     min_confidence: float | None = None,
     min_segment_s: float | None = None,
+    gap_factor: float = DEFAULT_GAP_FACTOR,
 ) -> LiveState:
     """Watch `source` in one of three modes: "tui" (full screen), "plain" (a table per tick), "once".
 
@@ -70,7 +72,8 @@ def run_live(
     the KPI readers (tests). With `store` (a live store's path), the watched devices' last `history_s`
     seconds in it are loaded before the first sample, and with `store_write` every new tick is written to
     it (see `open_history`). `min_confidence` / `min_segment_s` (the config's [thresholds], None: unset) go
-    to the classifier. The source is closed when sampling ends. Returns the state.
+    to the classifier; `gap_factor` (the config's energy_gap_factor) to the energy meter. The source is closed
+    when sampling ends. Returns the state.
     """
     if prices is None:  # not given: the config file's, per device model (none set -> energy without cost)
         from phasescope import config as configmod
@@ -87,7 +90,7 @@ def run_live(
         # A replay keeps its recorded spacing: the ring must hold what the classifier and alarm read.
         data_interval_s = float(getattr(source, "native_interval_s", interval_s))
         capacity = max(capacity, ring_ticks(data_interval_s, alarm=alarm))
-    state = LiveState(source.name, capacity, prices=prices, idle_util=idle_util)
+    state = LiveState(source.name, capacity, prices=prices, idle_util=idle_util, gap_factor=gap_factor)
     state.process_labels.update(process_labels or {})
     for line in notices:
         state.note(line)
@@ -325,7 +328,7 @@ def command(
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
              idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,
              store_write=store_write, min_confidence=cfg.thresholds.min_confidence,
-             min_segment_s=cfg.thresholds.min_segment_s)
+             min_segment_s=cfg.thresholds.min_segment_s, gap_factor=cfg.thresholds.energy_gap_factor)
 
 
 def open_watched(spec: str, say: Callable[[str], None], host_row: bool) -> LiveSource:
