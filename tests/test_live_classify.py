@@ -380,6 +380,28 @@ def test_a_reading_below_min_confidence_reads_unknown_and_says_why() -> None:
     assert lc.phases() == {"GPU-x": "training"}
 
 
+def test_min_confidence_does_not_blank_a_confident_transition() -> None:
+    # Every window is 95% sure. While the hysteresis holds training against inference, the reading's own
+    # confidence is training's share of an inference window (~2%): gating on it showed "unknown" for the
+    # whole confirm (min_segment_s long), with a reason that blamed a confident model.
+    script = [("training", 0.95)] * 3 + [("inference", 0.95)] * 6
+    lc = LiveClassifier(
+        _Confident(list(script)), every_s=1.0, alarm=False,  # type: ignore[arg-type]
+        min_confidence=0.6, min_segment_s=3.0,
+    )
+    seen = _run_script(lc, len(script))
+    assert [r.phase for r in seen] == ["training"] * 6 + ["inference"] * 3
+    assert all(r.unknown_reason == "" for r in seen)
+    assert [b.phase for b in lc.bands("GPU-x")] == ["training", "inference"]
+    # An unsure window still gates, whichever phase the hysteresis holds: the reason names the window's call.
+    unsure = [("training", 0.95)] * 3 + [("inference", 0.55)]
+    lc = LiveClassifier(_Confident(list(unsure)), every_s=1.0, alarm=False,  # type: ignore[arg-type]
+                        min_confidence=0.6)
+    last = _run_script(lc, len(unsure))[-1]
+    assert last.phase == "unknown"
+    assert last.unknown_reason == "inference at confidence 0.55 < min_confidence 0.6"
+
+
 def test_min_segment_s_makes_a_new_phase_wait_that_long() -> None:
     script = ["idle", "idle", "training", "training", "training", "idle", "training", "training",
               "training", "training", "training"]

@@ -97,7 +97,6 @@ class _DeviceTrack:
     alarm: onset.OnsetAlarm | None = None  # None: the alarm is off
     alarm_run: float = -math.inf  # data time of the alarm's last update
     alarm_at: float | None = None
-    dark_since: float = math.nan  # data time its newest tick was first seen all-NaN, in the current streak
 
 
 DEFAULT_WINDOW_S = 60.0  # the data each classifier run judges
@@ -196,7 +195,7 @@ class LiveClassifier:
             if not due:
                 continue
             trace = self._recent(state, uuid, t_now, self.window_s)
-            dark = self._dark(state, uuid, trace, track, t_now)
+            dark = self._dark(state, uuid, trace, t_now)
             phase, proba = (UNKNOWN, {}) if dark else self._judge(trace)
             with self._lock:
                 track.last_run = t_now
@@ -215,7 +214,7 @@ class LiveClassifier:
     ) -> None:
         """Feed the device's last HISTORY_S seconds to its onset alarm; the reading follows its state."""
         trace = self._recent(state, uuid, t_now, onset.HISTORY_S)
-        dark = self._dark(state, uuid, trace, track, t_now)
+        dark = self._dark(state, uuid, trace, t_now)
         if dark:  # whatever held has ended; start afresh when data returns
             alarm = track.alarm = onset.OnsetAlarm(alarm.model, alarm.params)
         fired = False if dark else alarm.update(trace)
@@ -231,21 +230,19 @@ class LiveClassifier:
             if track.shown is not None:
                 track.shown = replace(track.shown, training_alarm=alarm.active, alarm_at=track.alarm_at)
 
-    def _dark(self, state: LiveState, uuid: str, recent: Trace, track: _DeviceTrack, t_now: float) -> bool:
+    def _dark(self, state: LiveState, uuid: str, recent: Trace, t_now: float) -> bool:
         """Whether a device is dark now, so nothing is judged from the older samples in its window (judging
         them kept a lost GPU's phase, or gave it a new one, for a whole window, with its time metered under
-        that phase): no longer listed, nothing in its recent window, or its newest tick all-NaN
-        (`LiveState.is_dark`: NVML keeps a GPU off the bus as such a row) for at least `every_s`. One failed
-        read (a tick all-NaN, then data again) is not dark: it must not reset the training alarm or flip
-        the badge to unknown and back."""
+        that phase): no longer listed, nothing in its recent window, or all-NaN ticks (`LiveState.is_dark`:
+        NVML keeps a GPU off the bus as such a row) since its last data for at least `every_s` and two
+        sample intervals. One failed read (an all-NaN tick, then data again) is not dark: it must not reset
+        the training alarm or flip the badge to unknown and back."""
         if state.is_lost(uuid) or not len(recent):
             return True
         if not state.is_dark(uuid):
-            track.dark_since = math.nan
             return False
-        if math.isnan(track.dark_since):
-            track.dark_since = t_now
-        return t_now - track.dark_since >= self.every_s
+        step = float(np.median(np.diff(recent.time))) if len(recent) > 1 else 0.0
+        return t_now - float(recent.time[-1]) >= max(self.every_s, 2.0 * step)
 
     def _recent(self, state: LiveState, uuid: str, t_now: float, span: float) -> Trace:
         """The device's samples in (t_now - span, t_now] that hold some data."""
@@ -307,12 +304,18 @@ class LiveClassifier:
     def _gate(self, track: _DeviceTrack, r: PhaseReading) -> PhaseReading:
         """`r`, or "unknown" with the reason when its confidence is below min_confidence (when set)."""
         m = self.min_confidence
-        if m is None or r.phase == UNKNOWN or not r.confidence < m:  # NaN: nothing to compare
+        # The newest judged window's own confidence (its best phase's). It is r.confidence while the reading
+        # agrees with its window; while the hysteresis holds the old phase against a new one, r.confidence
+        # is the old phase's share of a window that called another, low by construction, and gating on it
+        # blanked every confident transition for the whole confirm.
+        best = max(r.proba, key=lambda ph: r.proba[ph], default=UNKNOWN)
+        conf = r.proba.get(best, math.nan)
+        if m is None or r.phase == UNKNOWN or not conf < m:  # NaN: nothing to compare
             track.gated_since = math.nan
             return r
         if math.isnan(track.gated_since):
             track.gated_since = r.t
-        why = f"{r.phase} at confidence {r.confidence:.3g} < min_confidence {m:g}"
+        why = f"{best} at confidence {conf:.3g} < min_confidence {m:g}"
         return replace(r, phase=UNKNOWN, confidence=math.nan, since=track.gated_since, held=False,
                        unknown_reason=why)
 
