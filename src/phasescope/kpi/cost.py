@@ -142,7 +142,7 @@ def mig_shares(devices: Iterable[DeviceInfo]) -> dict[str, MigShare]:
     devs = {d.uuid: d for d in devices}
     children: dict[str, list[DeviceInfo]] = {}
     for d in devs.values():
-        if d.parent_uuid:
+        if d.parent_uuid and d.parent_uuid != d.uuid:  # its own parent (a damaged file): not MIG
             children.setdefault(d.parent_uuid, []).append(d)
     out: dict[str, MigShare] = {}
     for parent_uuid, kids in children.items():
