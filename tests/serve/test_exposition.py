@@ -7,13 +7,15 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from phasescope.classify.model import PhaseModel
 from phasescope.live_classify import LiveClassifier
-from phasescope.schema import ProcessSample
+from phasescope.schema import ProcessSample, Trace
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for
 from phasescope.serve.exposition import TextWriter
+from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.live_helpers import ticks
@@ -70,3 +72,38 @@ def test_label_cache_stays_bounded() -> None:
     writer = TextWriter()
     assert writer.render([g]) == generate_latest(_Frozen([g]))  # type: ignore[arg-type]
     assert len(writer._labels) <= _MAX_CACHED
+
+
+SPAR_A100 = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
+SG_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"
+
+
+def test_mig_parent_and_profile_in_gpu_info(shared_data: Path, fake_nvml) -> None:
+    """One A100 in two MIG instances (scripted NVML, as tests/test_live_mig_cost.py): phasescope_gpu_info
+    names each instance's parent GPU and profile, one series per GPU; the other series keep their labels."""
+    (spar,) = read(shared_data / SPAR_A100)
+    # Real NVML names a MIG instance "<GPU> MIG <profile>"; the recordings replayed are RTX 3090 runs.
+    kids = [Trace(replace(t.device, name=f"NVIDIA A100-SXM4-40GB MIG {p}"), t.time, t.columns, t.meta)
+            for t, p in zip(read(shared_data / SG_RUN), ("3g.20gb", "4g.20gb"), strict=False)]
+    fake = fake_nvml([spar], mig={0: kids}, mem_total_bytes=40e9)
+    src = NvmlSource()
+    agent = Agent(src, 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    batches = []
+    for _ in range(5):
+        batches.append(src.read())
+        fake.advance()
+    feed(agent, iter(batches))
+    src.close()
+    text = TextWriter().render(registry_for(agent, host="n1").collect())
+    info = {s.labels["uuid"]: s.labels for f in text_string_to_metric_families(text.decode())
+            if f.name == "phasescope_gpu_info" for s in f.samples}
+    assert len(info) == 3  # the parent GPU and its two instances
+    parent = next(u for u, lab in info.items() if not lab["parent_uuid"])
+    assert info[parent]["mig_profile"] == ""
+    assert sorted((lab["parent_uuid"], lab["mig_profile"]) for u, lab in info.items() if u != parent) == [
+        (parent, "3g.20gb"), (parent, "4g.20gb")]
+    phase = [s.labels for f in text_string_to_metric_families(text.decode())
+             if f.name == "phasescope_gpu_phase" for s in f.samples]
+    assert len(phase) == 3 * 5  # 3 rows x 5 phases (incl. unknown), labels unchanged:
+    assert all(lab.keys() == {"uuid", "gpu", "model", "host", "phase"} for lab in phase)
+    assert promtool_check(text) == ""

@@ -5,6 +5,8 @@
    one query per batch names the devices by a uuid regex and asks for every known metric at once, and the
    batch is sized so that one answer stays under `max_samples` samples, and so that there are enough
    batches to keep every worker busy (`plan_fetch(parts=...)`, see `scan.py`).
+   The agent's `phasescope_gpu_info` names each MIG instance's physical GPU (`parent_uuid`) and profile;
+   they are joined by uuid at discovery, so the instances shard, batch and are priced with their GPU.
 3. The step-aligned answers land on one time grid per device; a signal held by several series (both
    metric families, or a pod label that came and went) is filled from the first that has a value.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -24,9 +26,11 @@ from phasescope.fleet import attribution, names
 from phasescope.fleet.prom import PromClient, Series, escape_regex, selector_body
 from phasescope.fleet.shard import Shard
 from phasescope.schema import DeviceInfo, FloatArray, Trace
+from phasescope.serve import metric_names as mn
 
 # Device limits the features use (power limit, memory size): one instant value per device is enough.
 LIMIT_SIGNALS = ("power_limit", "mem_total")
+GPU_INFO = mn.GPU_INFO.name  # the agent's MIG parent and profile per device (serve/metric_names.py)
 
 
 @dataclass
@@ -44,11 +48,19 @@ class _Device:
     label_name: str  # the label that names it in queries (uuid or UUID)
     labels: dict[str, str] = field(default_factory=dict)
     metrics: set[str] = field(default_factory=set)
+    parent: str = ""  # a MIG instance's physical GPU, from the agent's phasescope_gpu_info ("" if none)
+    profile: str = ""  # its GPU-instance profile ("3g.40gb"), from the same series
+
+    @property
+    def ident(self) -> str:
+        """The value of its naming label: the key without a dcgm-exporter MIG instance's `/giN`."""
+        return self.key.split("/gi")[0]
 
     @property
     def gpu(self) -> str:
-        """The physical GPU's key: a MIG instance's key without its `/giN`."""
-        return self.key.split("/gi")[0]
+        """The physical GPU's key: the agent's parent uuid for its MIG instances; dcgm-exporter names the
+        parent in the uuid label itself (the key without its `/giN`)."""
+        return self.parent or self.ident
 
 
 def _matchers(*parts: str) -> str:
@@ -75,7 +87,38 @@ def discover(
         for k, v in labels.items():
             if v and k != "__name__":
                 d.labels[k] = v  # later series win: pod labels present on some series only still show
-    return sorted(devices.values(), key=lambda d: d.key)
+    if any(d.label_name == "uuid" for d in devices.values()):  # the agent's devices: its MIG facts
+        for key, (parent, profile) in gpu_info(client, start, end).items():
+            if key in devices:
+                devices[key].parent, devices[key].profile = parent, profile
+    # A physical GPU's rows side by side (the agent's MIG uuids sort apart from their parent's):
+    # `_batches` keeps them in one batch.
+    return sorted(devices.values(), key=lambda d: (d.gpu, d.key))
+
+
+def gpu_info_from_label_sets(label_sets: Iterable[Mapping[str, str]]) -> dict[str, tuple[str, str]]:
+    """device key -> (parent uuid, MIG profile) of the agent's MIG instances, from its `phasescope_gpu_info`
+    series. A uuid whose series disagree on the parent over the range (a damaged source) is left out, so it
+    is priced as a whole GPU rather than against a parent picked at random."""
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for labels in label_sets:
+        key = names.device_key(labels)
+        parent = labels.get("parent_uuid", "")
+        if key is not None and parent and parent != key:
+            seen.setdefault(key, set()).add((parent, labels.get("mig_profile", "")))
+    out: dict[str, tuple[str, str]] = {}
+    for key, facts in seen.items():
+        parents = {p for p, _ in facts}
+        profiles = {m for _, m in facts if m}
+        if len(parents) == 1:
+            out[key] = (parents.pop(), profiles.pop() if len(profiles) == 1 else "")
+    return out
+
+
+def gpu_info(client: PromClient, start: float, end: float) -> dict[str, tuple[str, str]]:
+    """`gpu_info_from_label_sets` over the agent's info series present in [start, end] (one /api/v1/series
+    call; no `--selector`: only devices already found are touched)."""
+    return gpu_info_from_label_sets(client.series(f'{{__name__="{GPU_INFO}"}}', start, end))
 
 
 def _batches(devices: list[_Device], points: int, max_samples: int) -> Iterator[list[_Device]]:
@@ -107,7 +150,6 @@ def in_shard(devices: list[_Device], shard: Shard | None) -> list[_Device]:
 def _device_info(d: _Device) -> DeviceInfo:
     lab = d.labels
     gpu = names.first_label(lab, names.INDEX_LABELS)
-    base = d.gpu
     extra = {
         k: v
         for k, v in (
@@ -116,7 +158,8 @@ def _device_info(d: _Device) -> DeviceInfo:
             ("container", names.first_label(lab, names.CONTAINER_LABELS)),
             ("instance", lab.get("instance", "")),
             ("job", lab.get("job", "")),
-            ("GPU_I_PROFILE", lab.get("GPU_I_PROFILE", "")),  # MIG slices: its share of the price
+            # MIG slices: its share of the price (dcgm-exporter's label, else the agent's info metric)
+            ("GPU_I_PROFILE", lab.get("GPU_I_PROFILE", "") or d.profile),
         )
         if v
     }
@@ -125,7 +168,7 @@ def _device_info(d: _Device) -> DeviceInfo:
         name=names.first_label(lab, names.MODEL_LABELS),
         index=int(gpu) if gpu.isdigit() else None,
         host=names.first_label(lab, names.HOST_LABELS),
-        parent_uuid=base if base != d.key else None,
+        parent_uuid=d.gpu if d.gpu != d.key else None,
         extra=extra,
     )
 
@@ -238,7 +281,7 @@ def plan_fetch(
 def fetch_batch(client: PromClient, plan: FetchPlan, batch: list[_Device]) -> tuple[list[Trace], int, int]:
     """One `query_range` for a batch of devices: (their Traces, series, samples)."""
     label = batch[0].label_name
-    regex = "|".join(escape_regex(d.gpu) for d in batch)
+    regex = "|".join(sorted({escape_regex(d.ident) for d in batch}))
     metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in plan.mmap.metrics}))
     query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', plan.selector_body)
     series = client.query_range(query, plan.start, plan.end, plan.step)

@@ -6,7 +6,9 @@
 `family` picks the metric names: "phasescope" (the agent's, `serve.metric_names`) or "dcgm"
 (dcgm-exporter's, `sources.replay.dcgm_prom.FIELDS`, in that exporter's units and labels). OpenMetrics
 wants each metric family contiguous and each series' timestamps increasing; both hold here since a
-family is written for every trace before the next family starts.
+family is written for every trace before the next family starts. The phasescope family also carries the
+agent's `phasescope_gpu_info` for MIG instances (parent GPU, profile); the dcgm family names an instance as
+dcgm-exporter does (its GPU's `UUID`, `GPU_I_ID`, `GPU_I_PROFILE`), so a backfilled MIG GPU is priced once.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import IO, Literal
 
 import numpy as np
 
+from phasescope.kpi.cost import mig_profile
 from phasescope.schema import PAPER_SIGNALS, SIGNALS, Trace
-from phasescope.serve.metric_names import SIGNAL_METRICS
+from phasescope.serve.metric_names import GPU_INFO, SIGNAL_METRICS
 from phasescope.sources.replay.dcgm_prom import FIELDS as DCGM_FIELDS
 
 Family = Literal["phasescope", "dcgm"]
@@ -35,17 +38,33 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(trace: Trace, family: Family) -> str:
+def _instance_ids(traces: Sequence[Trace]) -> dict[str, str]:
+    """MIG instance uuid -> its GPU_I_ID for the dcgm family: the recording's own where it has one, else
+    its place among its GPU's instances here (1, 2, ...): what tells them apart under the parent's UUID."""
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for t in traces:
+        d = t.device
+        if d.parent_uuid:
+            seen[d.parent_uuid] = seen.get(d.parent_uuid, 0) + 1
+            out[d.uuid] = d.extra.get("GPU_I_ID") or str(seen[d.parent_uuid])
+    return out
+
+
+def _labels(trace: Trace, family: Family, gi: str = "") -> str:
     d = trace.device
     gpu = "" if d.index is None else str(d.index)
     if family == "dcgm":
         pairs = [
             ("gpu", gpu),
-            ("UUID", d.uuid),
+            # dcgm-exporter names a MIG instance by its GPU's UUID and the GPU instance (fleet/names.py).
+            ("UUID", (d.parent_uuid or d.uuid) if gi else d.uuid),
             ("device", f"nvidia{gpu or 0}"),
             ("modelName", d.name),
             ("Hostname", d.host),
         ]
+        if gi:
+            pairs += [("GPU_I_ID", gi), ("GPU_I_PROFILE", mig_profile(d))]
     else:
         pairs = [("uuid", d.uuid), ("gpu", gpu), ("model", d.name), ("host", d.host)]
     pairs += [(k, d.extra[k]) for k in ("pod", "namespace", "container") if d.extra.get(k)]
@@ -60,6 +79,7 @@ def write_stream(
 ) -> int:
     """Write OpenMetrics text; returns the number of samples written."""
     n = 0
+    gis = _instance_ids(traces) if family == "dcgm" else {}
     for sig in signals:
         if family == "dcgm":
             mapped = _dcgm_field(sig)
@@ -74,7 +94,7 @@ def write_stream(
             ok = np.isfinite(col) & np.isfinite(t.time)
             if not ok.any():
                 continue
-            prefix = f"{name}{{{_labels(t, family)}}} "
+            prefix = f"{name}{{{_labels(t, family, gis.get(t.device.uuid, ''))}}} "
             values = np.round(col[ok] / factor, 6)
             times = np.round(t.time[ok], 3)
             out.write(
@@ -84,7 +104,27 @@ def write_stream(
                 )
             )
             n += int(ok.sum())
+    if family == "phasescope":
+        n += _write_gpu_info(traces, out)
     out.write("# EOF\n")
+    return n
+
+
+def _write_gpu_info(traces: Sequence[Trace], out: IO[str]) -> int:
+    """The agent's `phasescope_gpu_info` for each MIG instance, at its trace's sample times, so the fleet
+    finds its parent GPU and profile as it does on a live agent (a whole GPU needs none: empty labels)."""
+    mig = [t for t in traces if t.device.parent_uuid and np.isfinite(t.time).any()]
+    if not mig:
+        return 0
+    out.write(f"# TYPE {GPU_INFO.name} gauge\n# HELP {GPU_INFO.name} {GPU_INFO.help}\n")
+    n = 0
+    for t in mig:
+        d = t.device
+        extra = f'parent_uuid="{_escape(d.parent_uuid or "")}",mig_profile="{_escape(mig_profile(d))}"'
+        prefix = f"{GPU_INFO.name}{{{_labels(t, 'phasescope')},{extra}}} 1 "
+        times = np.round(t.time[np.isfinite(t.time)], 3).tolist()
+        out.write("".join(f"{prefix}{ts:.3f}\n" for ts in times))
+        n += len(times)
     return n
 
 

@@ -88,6 +88,8 @@ MIG_TOTAL_SLICES: Mapping[str, int] = {
 }
 # A GPU-instance profile "3g.40gb" (also "1c.3g.40gb", "1g.10gb+me"): 3 compute slices.
 _PROFILE_RE = re.compile(r"(\d+)g\.\d+gb", re.IGNORECASE)
+# A whole profile name, with an optional media-extension suffix ("1g.10gb+me").
+_PROFILE_NAME_RE = re.compile(r"\d+g\.\d+gb(?:\+\w+)?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,16 @@ def mig_slices(device: DeviceInfo) -> int | None:
         if found:
             return int(found[-1])
     return None
+
+
+def mig_profile(device: DeviceInfo) -> str:
+    """A MIG instance's GPU-instance profile ("3g.40gb"), from the same places as `mig_slices`; "" when
+    neither says (a whole GPU)."""
+    for text in (device.extra.get("GPU_I_PROFILE", ""), device.name):
+        found = _PROFILE_NAME_RE.findall(text)
+        if found:
+            return str(found[-1])
+    return ""
 
 
 def mig_total_slices(model: str) -> int | None:

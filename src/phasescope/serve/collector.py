@@ -4,6 +4,9 @@ Nothing is cached between scrapes and no Gauge objects are kept in sync by the s
 latest tick, the current phase readings and the energy meters, so a device that vanished simply stops
 appearing, and a missing reading is an absent sample (Prometheus practice), never a made-up 0.
 
+`phasescope_gpu_info` (one series per GPU) names a MIG instance's parent GPU and profile, from the
+source's DeviceInfo (NVML: the parent handle and the instance's name "... MIG 3g.40gb").
+
 Pod attribution: each GPU process's host PID goes through `ContainerResolver` (/proc/PID/cgroup) and comes
 out as the info metrics `phasescope_gpu_pod_info` / `phasescope_gpu_process_info` (see metric_names.py);
 the other series keep their fixed label set. The one thing kept between scrapes is that mapping, redone
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from phasescope.kpi.cost import mig_profile
 from phasescope.schema import PHASES, SIGNAL_NAMES, ProcessSample
 from phasescope.serve import metric_names as mn
 from phasescope.sources.base import SIGNAL_COLUMN
@@ -71,6 +75,7 @@ class PhasescopeCollector:
         alarm_on = agent.classifier.alarm_enabled  # off: no series at all, rather than a made-up 0
         seconds = _family(mn.PHASE_SECONDS, [*labels, "phase"])
         energy = _family(mn.PHASE_ENERGY, [*labels, "phase"])
+        gpu_info = _family(mn.GPU_INFO, [*labels, *mn.GPU_INFO_LABELS])
         pod_info = _family(mn.GPU_POD_INFO, [*labels, *mn.POD_LABELS])
         process_info = _family(mn.GPU_PROCESS_INFO, [*labels, "pid", *mn.POD_LABELS])
         host_labels = list(mn.HOST_LABELS)
@@ -86,6 +91,9 @@ class PhasescopeCollector:
                 continue
             index = "" if info.index is None else str(info.index)
             key = [info.uuid, index, info.name, info.host or self.host]
+            # A MIG instance's parent and profile: what prices a MIG GPU once in the fleet (kpi/cost.py).
+            parent = info.parent_uuid or ""
+            gpu_info.add_metric([*key, parent, mig_profile(info) if parent else ""], 1.0)
             for s, fam in signals.items():
                 v = float(latest[SIGNAL_COLUMN[s]])
                 if math.isfinite(v):
@@ -114,7 +122,7 @@ class PhasescopeCollector:
         yield from (f for f in signals.values() if f.samples)
         yield from (proba, confidence, current, seconds, energy)
         yield from (f for f in (alarm, alarm_start) if f.samples)
-        yield from (f for f in (pod_info, process_info) if f.samples)
+        yield from (f for f in (gpu_info, pod_info, process_info) if f.samples)
         yield from (f for f in host_signals.values() if f.samples)
 
         up = _family(mn.SOURCE_UP, ["source"])

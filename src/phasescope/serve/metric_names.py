@@ -13,6 +13,11 @@ joined in PromQL (`* on (uuid) group_left (pod, namespace, container) phasescope
 - `phasescope_gpu_process_info{DEVICE_LABELS, pid, pod, namespace, container}`: one series per GPU process
   in a container, which names every pod on a shared GPU.
 
+What a device is, beyond its identity labels, is one more info metric, so it costs one series per GPU
+rather than two labels on every series: `phasescope_gpu_info{DEVICE_LABELS, parent_uuid, mig_profile}`.
+For a MIG instance `parent_uuid` is its physical GPU's uuid and `mig_profile` its GPU-instance profile
+(`3g.40gb`); both are empty for a whole GPU. The fleet reads it to price a MIG GPU once (fleet/collect.py).
+
 The host source's pseudo-device (CPU and RAM, no GPU) is exported as `phasescope_host_*`, never under a
 `phasescope_gpu_*` name, so nothing that counts GPUs counts a CPU.
 """
@@ -27,6 +32,7 @@ PREFIX = "phasescope"
 DEVICE_LABELS: tuple[str, ...] = ("uuid", "gpu", "model", "host")
 POD_LABELS: tuple[str, ...] = ("pod", "namespace", "container")
 HOST_LABELS: tuple[str, ...] = ("host", "model")  # model: the CPU model
+GPU_INFO_LABELS: tuple[str, ...] = ("parent_uuid", "mig_profile")  # on phasescope_gpu_info only
 
 # schema unit -> Prometheus unit suffix ("" = none: a bitmask is not a quantity).
 _UNIT_SUFFIX: dict[str, str] = {
@@ -113,6 +119,10 @@ GPU_POD_INFO = MetricName(
 GPU_PROCESS_INFO = MetricName(
     f"{PREFIX}_gpu_process_info", "gauge",
     "1 per GPU process in a container: its pid, pod, namespace and container",
+)
+GPU_INFO = MetricName(
+    f"{PREFIX}_gpu_info", "gauge",
+    "1 per GPU: a MIG instance's parent GPU uuid and GPU-instance profile (both empty for a whole GPU)",
 )
 
 # The host source's pseudo-device: schema column -> what it holds there (sources/host.py).
