@@ -233,6 +233,21 @@ def test_bad_numbers_are_refused_before_the_command_runs(
     assert option[0] in capsys.readouterr().err and not marker.exists()
 
 
+@pytest.mark.parametrize("spec", ["nvmll", "replay:/no/such/recording.parquet", "replay:x.csv?speed=0"])
+def test_a_malformed_source_is_refused_before_the_command_runs(
+    tmp_path: Path, spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --source used to become a note after the run, with no telemetry recorded at all."""
+    from phasescope.cli import main
+
+    marker = tmp_path / "ran"
+    args = ["run", "--source", spec, "--report", "-", "--", sys.executable, "-c",
+            f"open({str(marker)!r}, 'w')"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--source" in err and len(err.strip().splitlines()) == 1 and not marker.exists()
+
+
 def test_a_gpu_lost_during_the_run_is_said_in_the_summary(fake_nvml: Any, shared_data: Path) -> None:
     """NVML's "GPU lost" event used to be dropped: the summary showed the GPU's few samples as if whole."""
     from phasescope.cli.run import DeviceWatch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qsl
 
 from phasescope.errors import InputError
@@ -66,6 +67,22 @@ def parse_replay_spec(spec: str) -> ReplaySpec:
             raise InputError("--source", "replay option 'loop'", "1 or 0", opts["loop"])
         loop = flag in _TRUE
     return ReplaySpec(path, speed, loop, opts.get("format") or "auto")
+
+
+def check_spec(spec: str) -> None:
+    """Raise the InputError `open_source` would for a malformed spec (an unknown kind, bad replay options, a
+    replay file that does not exist), without opening anything: for callers that must refuse a typo before
+    they start work, e.g. `phasescope run` before the user's command."""
+    text = (spec or "auto").strip()
+    kind = text.lower()
+    if kind in ("auto", "nvml", "host"):
+        return
+    if kind.startswith("replay:"):
+        path = Path(parse_replay_spec(text).path)
+        if not path.exists():
+            raise InputError(path, "--source", "a recording to replay", "no such file or directory")
+        return
+    raise InputError("--source", "spec", SPEC_HELP, spec)
 
 
 def open_source(spec: str = "auto", *, say: Callable[[str], None] | None = None) -> LiveSource:
