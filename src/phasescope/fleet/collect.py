@@ -117,8 +117,9 @@ def gpu_info_from_label_sets(label_sets: Iterable[Mapping[str, str]]) -> dict[st
 
 def gpu_info(client: PromClient, start: float, end: float) -> dict[str, tuple[str, str]]:
     """`gpu_info_from_label_sets` over the agent's info series present in [start, end] (one /api/v1/series
-    call; no `--selector`: only devices already found are touched)."""
-    return gpu_info_from_label_sets(client.series(f'{{__name__="{GPU_INFO}"}}', start, end))
+    call; no `--selector`: only devices already found are touched). Only MIG instances' series are asked
+    for (`parent_uuid!=""`): a fleet without MIG gets an empty answer, not one series per GPU."""
+    return gpu_info_from_label_sets(client.series(f'{{__name__="{GPU_INFO}",parent_uuid!=""}}', start, end))
 
 
 def _batches(devices: list[_Device], points: int, max_samples: int) -> Iterator[list[_Device]]:

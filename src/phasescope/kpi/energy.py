@@ -350,8 +350,11 @@ class EnergyMeter:
     phase current at this tick; None -> "unknown"). Once the device has shown a counter reading, the counter
     is used; until then, power is integrated with the batch method's gap rule: `gap_factor` x the sample
     period, where the period is `interval_s` when given, else learnt like the batch method's, the median tick
-    spacing (`sample_period`) of the last `PERIOD_TICKS` ticks, so ticks 5 or 10 s apart are metered as the
-    batch figure meters the same samples. `max_gap_s` fixes the allowance outright.
+    spacing of the last `PERIOD_TICKS` ticks, so ticks 5 or 10 s apart are metered as the batch figure meters
+    the same samples. An interval is judged by the spacings before it (the first by itself, as the batch rule
+    judges two samples): with few ticks known a median that counted the interval itself let one hiccup
+    (ticks 0, 1, 30 s) vouch for itself and be bridged. `update(period_s=...)` gives the period from outside
+    (`FleetEnergyMeter`: the source's tick clock). `max_gap_s` fixes the allowance outright.
     A counter that returns after a gap covers the gap exactly; its energy goes to the phase at its return.
     """
 
@@ -365,9 +368,9 @@ class EnergyMeter:
         self._fixed_gap_s = (
             max_gap_s if max_gap_s is not None else None if interval_s is None else gap_factor * interval_s
         )
-        # Recent tick times (data clock) the period is learnt from when no interval is given; bounded, so a
-        # long session costs constant memory. Live ticks are meant to be regular: the median settles at once.
-        self._tick_times: deque[float] = deque(maxlen=PERIOD_TICKS + 1)
+        # Recent tick spacings (data clock) the period is learnt from when no interval is given; bounded, so
+        # a long session costs constant memory. Live ticks are meant to be regular: the median settles soon.
+        self._spacings: deque[float] = deque(maxlen=PERIOD_TICKS)
         self.first_time = float("nan")
         self.last_time = float("nan")
         self.resets = 0
@@ -378,14 +381,23 @@ class EnergyMeter:
         self._phases: dict[str, list[float]] = {}  # label -> [joules, seconds, covered_s]
 
     def update(
-        self, tick_time: float, power_w: float, energy_j: float = float("nan"), phase: str | None = None
+        self,
+        tick_time: float,
+        power_w: float,
+        energy_j: float = float("nan"),
+        phase: str | None = None,
+        period_s: float | None = None,
     ) -> float:
-        """Take one tick; returns the joules it added. Ticks come in time order; older ones are ignored."""
+        """Take one tick; returns the joules it added. Ticks come in time order; older ones are ignored.
+        `period_s`: the sample period to judge this tick's interval by, when the caller knows it."""
         t = float(tick_time)
         if not math.isfinite(t) or (math.isfinite(self.last_time) and t <= self.last_time):
             return 0.0
         label = phase or "unknown"
-        self._tick_times.append(t)
+        spacing = t - self.last_time  # NaN at the first tick
+        max_gap_s = self._gap(spacing if period_s is None else float("nan"), period_s)
+        if math.isfinite(spacing):
+            self._spacings.append(spacing)
         added_j, added_cov, via = 0.0, 0.0, ""
         p, e = float(power_w), float(energy_j)
         t0, e0 = self._last_counter
@@ -399,14 +411,14 @@ class EnergyMeter:
                 if (
                     math.isfinite(p)
                     and math.isfinite(self._prev_tick_power)
-                    and dt <= self.max_gap_s
+                    and dt <= max_gap_s
                     and t0 == self.last_time
                 ):
                     added_j, added_cov, via = 0.5 * (p + self._prev_tick_power) * dt, dt, "counter"
         elif not math.isfinite(e0) and math.isfinite(p):
             # No counter seen yet (this tick's reading, if any, is its first): integrate power.
             tp, p0 = self._last_power
-            if math.isfinite(p0) and t - tp <= self.max_gap_s:
+            if math.isfinite(p0) and t - tp <= max_gap_s:
                 added_j, added_cov, via = 0.5 * (p + p0) * (t - tp), t - tp, "integrated_power"
         if math.isfinite(e):
             self._last_counter = (t, e)
@@ -425,13 +437,20 @@ class EnergyMeter:
         self.last_time = t
         return added_j
 
+    def _gap(self, first: float = float("nan"), period_s: float | None = None) -> float:
+        """The allowance: fixed, else `gap_factor` x `period_s` when given, else x the median of the spacings
+        known, else x `first` (the one interval there is)."""
+        if self._fixed_gap_s is not None:
+            return self._fixed_gap_s
+        if period_s is None:
+            period_s = median_spacing(self._spacings, first)
+        gap = self.gap_factor * period_s
+        return gap if math.isfinite(gap) else 0.0  # as `energy_curve`: no period known, nothing bridged
+
     @property
     def max_gap_s(self) -> float:
         """The longest interval power is integrated (or a counter reset bridged) over, as of the last tick."""
-        if self._fixed_gap_s is not None:
-            return self._fixed_gap_s
-        gap = self.gap_factor * sample_period(np.fromiter(self._tick_times, dtype=np.float64))
-        return gap if math.isfinite(gap) else 0.0  # as `energy_curve`: no period known, nothing bridged
+        return self._gap()
 
     @property
     def joules(self) -> float:
@@ -461,21 +480,40 @@ class EnergyMeter:
         )
 
 
+def median_spacing(spacings: Sequence[float], first: float = float("nan")) -> float:
+    """The median of `spacings` (positive tick spacings); `first` when there are none yet."""
+    if not spacings:
+        return first
+    return float(np.median(np.fromiter(spacings, dtype=np.float64, count=len(spacings))))
+
+
 class FleetEnergyMeter:
     """One `EnergyMeter` per device, fed whole `TickBatch`es (sources/base.py) as the sampler makes them.
 
-    `interval_s` None (the default): each device's meter learns its sample period from its own ticks."""
+    `interval_s` None (the default): the sample period is learnt from the batches' own spacing (the
+    source's tick clock, once per tick for all devices), so a device missing from some batches (unlisted
+    for an hour, then back) is not bridged across its absence by a period learnt from its few ticks."""
 
     def __init__(self, interval_s: float | None = None, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
         self.interval_s = interval_s
         self.gap_factor = gap_factor
         self.meters: dict[str, EnergyMeter] = {}
         self.names: dict[str, str] = {}
+        self._spacings: deque[float] = deque(maxlen=PERIOD_TICKS)
+        self._last_time = float("nan")
         self._power_col = SIGNAL_NAMES.index("power")
         self._energy_col = SIGNAL_NAMES.index("energy")
 
     def update(self, batch: Any, phases: Mapping[str, str] | None = None) -> None:
         """`batch` is a TickBatch; `phases` maps device uuid -> current phase label."""
+        t = float(batch.time)
+        period: float | None = None  # None: fixed by interval_s, or a batch no newer than the last
+        if self.interval_s is None and math.isfinite(t) and not t <= self._last_time:
+            spacing = t - self._last_time  # NaN at the first batch
+            period = median_spacing(self._spacings, spacing)  # the spacings before this one, as a meter's
+            if math.isfinite(spacing):
+                self._spacings.append(spacing)
+            self._last_time = t
         for row, dev in enumerate(batch.devices):
             meter = self.meters.get(dev.uuid)
             if meter is None:
@@ -486,6 +524,7 @@ class FleetEnergyMeter:
                 batch.values[row, self._power_col],
                 batch.values[row, self._energy_col],
                 (phases or {}).get(dev.uuid),
+                period,
             )
 
     def results(self) -> list[DeviceEnergy]:

@@ -92,7 +92,8 @@ class PhasescopeCollector:
             index = "" if info.index is None else str(info.index)
             key = [info.uuid, index, info.name, info.host or self.host]
             # A MIG instance's parent and profile: what prices a MIG GPU once in the fleet (kpi/cost.py).
-            parent = info.parent_uuid or ""
+            # Its own parent (a damaged source) is a whole GPU, as `kpi.cost.mig_prices` reckons it.
+            parent = info.parent_uuid if info.parent_uuid and info.parent_uuid != info.uuid else ""
             gpu_info.add_metric([*key, parent, mig_profile(info) if parent else ""], 1.0)
             for s, fam in signals.items():
                 v = float(latest[SIGNAL_COLUMN[s]])
