@@ -70,19 +70,34 @@ def parse_replay_spec(spec: str) -> ReplaySpec:
 
 
 def check_spec(spec: str) -> None:
-    """Raise the InputError `open_source` would for a malformed spec (an unknown kind, bad replay options, a
-    replay file that does not exist), without opening anything: for callers that must refuse a typo before
-    they start work, e.g. `phasescope run` before the user's command."""
+    """Raise the InputError `open_source` would for a malformed spec (an unknown kind, bad replay options or
+    format, a replay file that does not exist), without opening anything: for callers that must refuse a
+    typo before they start work, e.g. `phasescope run` before the user's command."""
     text = (spec or "auto").strip()
     kind = text.lower()
     if kind in ("auto", "nvml", "host"):
         return
     if kind.startswith("replay:"):
-        path = Path(parse_replay_spec(text).path)
+        replay = parse_replay_spec(text)
+        path = Path(replay.path)
         if not path.exists():
             raise InputError(path, "--source", "a recording to replay", "no such file or directory")
+        _check_format(path, replay.format)
         return
     raise InputError("--source", "spec", SPEC_HELP, spec)
+
+
+def _check_format(path: Path, fmt: str) -> None:
+    """Raise the InputError `replay.read` would for `format=F` naming no reader (or options after auto)."""
+    from phasescope.sources.replay import FORMATS, known_formats, parse_spec
+
+    what = "--source replay option 'format'"
+    name, options = parse_spec(fmt or "auto")
+    if name == "auto":
+        if options:
+            raise InputError(path, what, "options only after an explicit format name", fmt)
+    elif name not in set(FORMATS):  # the names alone: no reader module is imported here
+        raise InputError(path, what, f"one of: auto, {known_formats()}", name)
 
 
 def open_source(spec: str = "auto", *, say: Callable[[str], None] | None = None) -> LiveSource:
