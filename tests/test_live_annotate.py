@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phasescope.classify.model import WindowPredictions
+from phasescope.classify.model import PhaseModel, WindowPredictions
 from phasescope.instrument.events import load_events
 from phasescope.live_annotate import Annotator, HookKpiReader, ScrapeKpiReader
 from phasescope.live_state import LiveState, feed
@@ -173,6 +173,8 @@ class _Sure:
 
     def __init__(self, script: list[tuple[str, float]]) -> None:
         self.script = script
+        base = PhaseModel.load()  # the window config and rules the classifier reads its span from
+        self.rules, self.config = base.rules, base.config
 
     def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
         label, p = self.script.pop(0)

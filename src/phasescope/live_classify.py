@@ -3,7 +3,9 @@
 `LiveClassifier.update(state)` is cheap to call every tick: it re-classifies a device only when `every_s`
 seconds (on the data's own clock, so a replay at speed N re-classifies N times as often in real time) have
 passed since its last run. Each run judges the last `window_s` seconds with `PhaseModel.predict_trace` and
-takes the newest window the model judged.
+takes the newest window the model judged. At coarse rates the span widens as the model's windows do
+(`WindowConfig.adapt_to_rate`) to hold `min_samples` points at the data's spacing (`read_span`): 60 s at
+0.1 Hz holds 6 samples, and a window under 8 is never judged (offline `classify` answers on such data).
 
 A new phase replaces the current one only after `confirm` consecutive runs agree on it, so one odd window
 does not flip the badge; `since` is the time of the first of those runs (when phasescope first saw it).
@@ -38,7 +40,8 @@ import numpy as np
 
 from phasescope.classify import onset
 from phasescope.classify.decide import finite_or_none
-from phasescope.classify.model import PhaseModel
+from phasescope.classify.model import PhaseModel, UnknownRules
+from phasescope.features import WindowConfig, sample_interval
 from phasescope.live_state import LiveState, phase_from_hooks
 from phasescope.schema import PHASES, SIGNAL_NAMES, Trace
 
@@ -102,11 +105,35 @@ class _DeviceTrack:
 DEFAULT_WINDOW_S = 60.0  # the data each classifier run judges
 
 
-def ring_ticks(interval_s: float, window_s: float = DEFAULT_WINDOW_S, alarm: bool = True) -> int:
+def read_span(
+    interval_s: float,
+    window_s: float = DEFAULT_WINDOW_S,
+    config: WindowConfig | None = None,
+    rules: UnknownRules | None = None,
+) -> float:
+    """Seconds of data each classifier run reads at `interval_s`: `window_s`, or at coarse rates enough for
+    `config.min_samples` points (how `window_features` widens a window when `adapt_to_rate`). Intervals
+    past the model's range (`rules.max_interval_s`) are judged unknown whatever is read, so the span stops
+    growing there. `config` and `rules` default to the shipped model's (the features' defaults)."""
+    cfg = config or WindowConfig()
+    r = rules or UnknownRules()
+    if not (cfg.adapt_to_rate and math.isfinite(interval_s) and interval_s > 0):
+        return window_s  # an interval not known yet (one sample): nothing to widen for
+    # (t - span, t] at spacing dt holds span/dt points: min_samples * dt holds min_samples.
+    return max(window_s, cfg.min_samples * min(interval_s, r.max_interval_s))
+
+
+def ring_ticks(
+    interval_s: float,
+    window_s: float = DEFAULT_WINDOW_S,
+    alarm: bool = True,
+    config: WindowConfig | None = None,
+    rules: UnknownRules | None = None,
+) -> int:
     """Ticks a device's ring must hold at `interval_s` so that every run sees all it reads: the classifier's
-    `window_s` and, with the alarm on, `onset.HISTORY_S` (the history the alarm was evaluated on). At 10 Hz
+    `read_span` and, with the alarm on, `onset.HISTORY_S` (the history the alarm was evaluated on). At 10 Hz
     the rings' defaults (300 ticks in `top`) would hold only 30 s."""
-    span = max(window_s, onset.HISTORY_S if alarm else 0.0)
+    span = max(read_span(interval_s, window_s, config, rules), onset.HISTORY_S if alarm else 0.0)
     return math.ceil(span / max(interval_s, 1e-3)) + 1
 
 
@@ -166,8 +193,12 @@ class LiveClassifier:
             return self._alarm_model
 
     def ring_ticks(self, interval_s: float) -> int:
-        """`ring_ticks` for this classifier's window and alarm setting."""
-        return ring_ticks(interval_s, self.window_s, self.alarm_enabled)
+        """`ring_ticks` for this classifier's window, model and alarm setting."""
+        return ring_ticks(interval_s, self.window_s, self.alarm_enabled, self.model.config, self.model.rules)
+
+    def read_span(self, interval_s: float) -> float:
+        """`read_span` for this classifier's window and model."""
+        return read_span(interval_s, self.window_s, self.model.config, self.model.rules)
 
     # ---- writer ----
 
@@ -194,7 +225,8 @@ class LiveClassifier:
                 self._alarm_step(state, uuid, track, track.alarm, t_now)
             if not due:
                 continue
-            trace = self._recent(state, uuid, t_now, self.window_s)
+            span = self.read_span(sample_interval(state.history_times(uuid)))
+            trace = self._recent(state, uuid, t_now, span)
             dark = self._dark(state, uuid, trace, t_now)
             phase, proba = (UNKNOWN, {}) if dark else self._judge(trace)
             with self._lock:
