@@ -14,6 +14,9 @@ from phasescope.verify.keys import fingerprint, public_pem
 from phasescope.verify.ledger import GENESIS, LedgerWriter, canonical, merkle_root, record_hash, root_message
 from tests.verify._data import DUTY_SHAPING, INFERENCE_CONTROL, labelled, model
 
+# The key the audit tests' shared bundle is signed with (tests/verify/conftest.py).
+AUDIT_KEY = Ed25519PrivateKey.generate()
+
 
 def make_bundle(shared: Path, out: Path, key: Ed25519PrivateKey, claim: str = "no-training") -> Path:
     """Two real devices (disguised training, inference control), 60-sample batches, a root every 4 records."""

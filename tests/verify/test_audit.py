@@ -5,26 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phasescope.verify.audit import audit_bundle, check_chain
-from tests.verify._bundle import lines, make_bundle, records, resign, write_records
+from tests.verify._bundle import AUDIT_KEY, lines, records, resign, write_records
 from tests.verify._data import model
 
-KEY = Ed25519PrivateKey.generate()
-
-
-@pytest.fixture(scope="module")
-def pristine(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return make_bundle(shared_data, tmp_path_factory.mktemp("b") / "bundle.jsonl", KEY).read_bytes()
-
-
-@pytest.fixture
-def bundle(pristine: bytes, tmp_path: Path) -> Path:
-    p = tmp_path / "bundle.jsonl"
-    p.write_bytes(pristine)
-    return p
+KEY = AUDIT_KEY  # the shared bundle's key (tests/verify/conftest.py)
 
 
 def first_problem(path: Path) -> str:

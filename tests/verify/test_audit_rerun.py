@@ -7,27 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phasescope.classify.model import PhaseModel
 from phasescope.verify.audit import audit_bundle, check_chain
 from phasescope.verify.ledger import record_hash
-from tests.verify._bundle import make_bundle, records, resign, write_records
+from tests.verify._bundle import AUDIT_KEY, records, resign, write_records
 from tests.verify._data import model
 
-KEY = Ed25519PrivateKey.generate()
-
-
-@pytest.fixture(scope="module")
-def pristine(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return make_bundle(shared_data, tmp_path_factory.mktemp("b") / "bundle.jsonl", KEY).read_bytes()
-
-
-@pytest.fixture
-def bundle(pristine: bytes, tmp_path: Path) -> Path:
-    p = tmp_path / "bundle.jsonl"
-    p.write_bytes(pristine)
-    return p
+KEY = AUDIT_KEY  # the shared bundle's key (tests/verify/conftest.py)
 
 
 def problems(path: Path, m: PhaseModel | None = None) -> list[str]:
