@@ -8,20 +8,17 @@ uuid, so one A100 split in two instances held idle for an hour costs one GPU-hou
 
 from __future__ import annotations
 
-import io
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.fleet.harness import PROMTOOL, Procs, free_port, need_tool, start_prometheus
+from tests.fleet.harness import Procs, backfill, free_port, start_prometheus
 
 from phasescope.classify.model import PhaseModel
 from phasescope.fleet import names
 from phasescope.fleet.collect import _batches, build_traces, discover, fetch_traces, in_shard
 from phasescope.fleet.judge import HELD_IDLE, judge_all
-from phasescope.fleet.openmetrics import write_stream
 from phasescope.fleet.prom import PromClient, Series
 from phasescope.fleet.shard import Shard
 from phasescope.kpi.cost import Prices
@@ -119,14 +116,7 @@ def test_mig_backfill_through_the_real_prometheus(
     t = idle.time - idle.time[-1] + end
     traces = [Trace(DeviceInfo(u, m, 0, "n1", parent_uuid=None if u == "GPU-a100" else "GPU-a100"),
                     t, idle.columns, idle.meta) for u, m, _ in ROWS]
-    text = io.StringIO()
-    write_stream(traces, text, family)  # type: ignore[arg-type]
-    (tmp_path / "backfill.om").write_text(text.getvalue())
-    done = subprocess.run(
-        [need_tool(PROMTOOL), "tsdb", "create-blocks-from", "openmetrics", "backfill.om", "tsdb"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    backfill(traces, tmp_path, family)
     procs = Procs()
     try:
         url = start_prometheus(
