@@ -4,7 +4,9 @@ Two methods, chosen per device and always reported (`method`):
 
 - ``counter``: differences of the `energy` counter (joules since the driver loaded). A counter keeps counting
   through a telemetry gap, so the energy across a NaN gap is exact. A decrease is a reset (driver reload) or a
-  wrap: that one interval falls back to integrated power if both ends have power, else it is left uncovered.
+  wrap: that one interval between two counter readings (missing readings between them do not split it)
+  falls back to integrated power if both readings' rows have power and it passes the gap rule below, else
+  it is left uncovered.
 - ``integrated_power``: trapezoids of `power` over time. An interval is integrated only when it is no longer
   than `gap_factor` sample periods (one missing sample at 1 Hz is bridged, a minute of silence is not);
   longer gaps stay uncovered and are reported, never guessed.
@@ -212,11 +214,16 @@ def _curve_from_intervals(
     return EnergyCurve(t, energy, covered, method, resets)
 
 
+def _bridge(p0: Any, p1: Any, dt: Any, max_gap_s: float) -> tuple[FloatArray, FloatArray]:
+    """(joules, covered seconds) of power trapezoids over intervals `dt` with power `p0`, `p1` at their ends:
+    an interval counts when both ends have power and it is no longer than `max_gap_s`, else it gives (0, 0).
+    Arrays or scalars, so the batch curve and the live meter share one rule."""
+    ok = np.isfinite(p0) & np.isfinite(p1) & (dt <= max_gap_s)
+    return np.where(ok, 0.5 * (p0 + p1) * dt, 0.0), np.where(ok, dt, 0.0)
+
+
 def _trapezoids(t: FloatArray, p: FloatArray, max_gap_s: float) -> tuple[FloatArray, FloatArray]:
-    dt = np.diff(t)
-    ok = dt <= max_gap_s
-    de = np.where(ok, 0.5 * (p[1:] + p[:-1]) * dt, 0.0)
-    return de, np.where(ok, dt, 0.0)
+    return _bridge(p[:-1], p[1:], np.diff(t), max_gap_s)
 
 
 def energy_curve(
@@ -247,11 +254,11 @@ def energy_curve(
         dc = np.diff(t)
         reset = de < 0
         if reset.any():
-            # The counter restarted inside these intervals: bridge them with power where both ends have it.
-            p0, p1 = power[rows[:-1]], power[rows[1:]]
-            bridge = reset & np.isfinite(p0) & np.isfinite(p1) & (dc <= gap)
-            de = np.where(bridge, 0.5 * (p0 + p1) * dc, np.where(reset, 0.0, de))
-            dc = np.where(reset & ~bridge, 0.0, dc)
+            # The counter restarted inside these intervals (between two counter readings, whatever NaN
+            # readings lie between): bridge them with the power at those two readings where both have it.
+            bridge_j, bridge_s = _bridge(power[rows[:-1]], power[rows[1:]], dc, gap)
+            de = np.where(reset, bridge_j, de)
+            dc = np.where(reset, bridge_s, dc)
         return _curve_from_intervals(t, de, dc, "counter", int(reset.sum()))
     t, p, _ = _clean(time, power)
     if t.size < 2:
@@ -356,6 +363,7 @@ class EnergyMeter:
     (ticks 0, 1, 30 s) vouch for itself and be bridged. `update(period_s=...)` gives the period from outside
     (`FleetEnergyMeter`: the source's tick clock). `max_gap_s` fixes the allowance outright.
     A counter that returns after a gap covers the gap exactly; its energy goes to the phase at its return.
+    A reset is bridged like the batch curve's: from the last counter reading, with the power at both readings.
     """
 
     def __init__(
@@ -375,8 +383,9 @@ class EnergyMeter:
         self.last_time = float("nan")
         self.resets = 0
         self._last_power = (float("nan"), float("nan"))  # (time, watts) of the last finite power
-        self._last_counter = (float("nan"), float("nan"))  # (time, joules) of the last finite counter
-        self._prev_tick_power = float("nan")  # power at the previous tick, NaN if it was missing
+        # (time, joules, watts) at the last finite counter reading; the watts (NaN if missing there) bridge a
+        # reset from that reading, as `energy_curve` bridges the interval between two counter readings.
+        self._last_counter = (float("nan"), float("nan"), float("nan"))
         self._by_method: dict[str, float] = {"counter": 0.0, "integrated_power": 0.0}  # covered seconds
         self._phases: dict[str, list[float]] = {}  # label -> [joules, seconds, covered_s]
 
@@ -400,31 +409,26 @@ class EnergyMeter:
             self._spacings.append(spacing)
         added_j, added_cov, via = 0.0, 0.0, ""
         p, e = float(power_w), float(energy_j)
-        t0, e0 = self._last_counter
+        t0, e0, p_at_e0 = self._last_counter
         if math.isfinite(e) and math.isfinite(e0):
             if e >= e0:
                 added_j, added_cov, via = e - e0, t - t0, "counter"
             else:
-                # Reset or wrap: bridge this one tick interval with power if both ticks have it.
+                # Reset or wrap since the last counter reading (NaN readings may lie between): bridge that
+                # interval with the power at its two readings, as the batch curve does.
                 self.resets += 1
-                dt = t - self.last_time
-                if (
-                    math.isfinite(p)
-                    and math.isfinite(self._prev_tick_power)
-                    and dt <= max_gap_s
-                    and t0 == self.last_time
-                ):
-                    added_j, added_cov, via = 0.5 * (p + self._prev_tick_power) * dt, dt, "counter"
+                bridge_j, bridge_s = _bridge(p_at_e0, p, t - t0, max_gap_s)
+                added_j, added_cov, via = float(bridge_j), float(bridge_s), "counter"
         elif not math.isfinite(e0) and math.isfinite(p):
             # No counter seen yet (this tick's reading, if any, is its first): integrate power.
+            # (`_bridge`'s rule, written out: this runs every tick, where numpy on scalars costs ~8x.)
             tp, p0 = self._last_power
             if math.isfinite(p0) and t - tp <= max_gap_s:
                 added_j, added_cov, via = 0.5 * (p + p0) * (t - tp), t - tp, "integrated_power"
         if math.isfinite(e):
-            self._last_counter = (t, e)
+            self._last_counter = (t, e, p)
         if math.isfinite(p):
             self._last_power = (t, p)
-        self._prev_tick_power = p
         if via:
             self._by_method[via] += added_cov
         if math.isfinite(self.last_time):
