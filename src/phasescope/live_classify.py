@@ -225,7 +225,10 @@ class LiveClassifier:
                 self._alarm_step(state, uuid, track, track.alarm, t_now)
             if not due:
                 continue
-            span = self.read_span(sample_interval(state.history_times(uuid)))
+            # The spacing of the newest samples only: over the whole ring, a rate that changed mid-session
+            # (a 1 s recording turning 10 s) kept the old median for half a ring, and the span too short.
+            newest = state.history_times(uuid)[-(self.model.config.min_samples + 1):]
+            span = self.read_span(sample_interval(newest))
             trace = self._recent(state, uuid, t_now, span)
             dark = self._dark(state, uuid, trace, t_now)
             phase, proba = (UNKNOWN, {}) if dark else self._judge(trace)

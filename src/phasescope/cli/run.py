@@ -183,6 +183,8 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
     outputs += [(report, "--report")] if report is not None else []
     for path, option in outputs:
         check_writable(path, option)
+    if source.strip().lower() == "none":  # as the other kinds: any case, spaces around
+        source = "none"
     if source != "none":  # a typo is refused now; a source that fails while running is only a note
         from phasescope.sources.open import check_spec
 
