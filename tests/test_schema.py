@@ -34,3 +34,10 @@ def test_slice_is_inclusive_and_concat_is_in_time_order() -> None:
     joined = Trace.concat([t.slice_time(3.0, 4.0), t.slice_time(0.0, 2.0)])
     assert joined.time.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert joined["power"].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
+
+
+def test_rows_with_data_are_those_with_any_finite_signal() -> None:
+    t = Trace(DeviceInfo("GPU-x"), [0.0, 1.0, 2.0, 3.0],
+              {"power": [1.0, np.nan, np.nan, 2.0], "gpu_util": [np.nan, np.nan, 0.5, np.nan]})
+    assert t.rows_with_data().tolist() == [True, False, True, True]
+    assert Trace(DeviceInfo("GPU-x"), [0.0, 1.0]).rows_with_data().tolist() == [False, False]

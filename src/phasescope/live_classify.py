@@ -284,11 +284,9 @@ class LiveClassifier:
         times = state.history_times(uuid)
         keep = (times > t_now - span) & (times <= t_now)
         cols = {s: state.history(uuid, s)[keep] for s in SIGNAL_NAMES}
+        recent = Trace(state.device_info(uuid), times[keep], cols)
         # Only rows with some data: a lost device's NaN rows would otherwise read as a sampled gap.
-        rows = np.zeros(int(keep.sum()), dtype=bool)
-        for v in cols.values():
-            rows |= np.isfinite(v)
-        return Trace(state.device_info(uuid), times[keep][rows], {s: v[rows] for s, v in cols.items()})
+        return recent.take(recent.rows_with_data())
 
     def _judge(self, trace: Trace) -> tuple[str, dict[str, float]]:
         """(label of the newest judged window, its probabilities); ("unknown", {}) when none was judged."""

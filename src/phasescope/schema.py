@@ -143,6 +143,14 @@ class Trace:
         col = self.columns.get(name)
         return col is not None and bool(np.isfinite(col).any())
 
+    def rows_with_data(self) -> npt.NDArray[np.bool_]:
+        """Rows where some signal has a value: a row of NaN only (a lost GPU's, a failing source's) is a tick
+        without data, not a sample."""
+        rows = np.zeros(len(self), dtype=bool)
+        for col in self.columns.values():
+            rows |= np.isfinite(col)
+        return rows
+
     def present_signals(self) -> list[str]:
         return [s for s in SIGNAL_NAMES if self.has(s)]
 

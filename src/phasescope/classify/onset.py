@@ -56,7 +56,7 @@ from phasescope.features import (
     sample_interval,
     window_features,
 )
-from phasescope.schema import PAPER_SIGNALS, PHASES, SIGNAL_NAMES, FloatArray, Trace
+from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray, Trace
 
 ONSET_WINDOW_S = 15.0  # shorter than the classifier's 30 s: less data needed from the run
 ONSET_STRIDE_S = 5.0  # the alarm's cadence; also gives several straddling windows per run start
@@ -146,11 +146,7 @@ def live_windows(trace: Trace, config: WindowConfig | None = None, use_table: bo
     cfg = config or onset_config()
     if len(trace) and np.any(np.diff(trace.time) < 0):
         trace = trace.take(np.argsort(trace.time, kind="stable"))
-    rows = np.zeros(len(trace), dtype=bool)
-    for s in SIGNAL_NAMES:
-        if trace.has(s):
-            rows |= np.isfinite(trace[s])
-    data = trace.take(rows)
+    data = trace.take(trace.rows_with_data())
     last_end = -math.inf
     parts: list[WindowFeatures] = []
     rules = UnknownRules()

@@ -41,11 +41,7 @@ class Coverage:
 
 def coverage(trace: Trace, start: float, end: float, windows: int = 0, windows_judged: int = 0) -> Coverage:
     """Coverage of `trace` (already cut to the window, or not: samples outside are ignored)."""
-    # A row whose every signal is NaN (a lost GPU, a failing source) is a tick without data, not a sample.
-    has_data = np.zeros(len(trace), dtype=bool)
-    for col in trace.columns.values():
-        has_data |= np.isfinite(col)
-    t = trace.time[(trace.time >= start) & (trace.time <= end) & has_data]
+    t = trace.time[(trace.time >= start) & (trace.time <= end) & trace.rows_with_data()]
     span = max(end - start, 0.0)
     missing = trace.missing_signals()
     if t.size < 2:
