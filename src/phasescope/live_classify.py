@@ -276,8 +276,8 @@ class LiveClassifier:
             return True
         if not state.is_dark(uuid):
             return False
-        step = float(np.median(np.diff(recent.time))) if len(recent) > 1 else 0.0
-        return t_now - float(recent.time[-1]) >= max(self.every_s, 2.0 * step)
+        step = sample_interval(recent.time)  # NaN with one sample: every_s alone
+        return t_now - float(recent.time[-1]) >= max(self.every_s, 2.0 * step if math.isfinite(step) else 0.0)
 
     def _recent(self, state: LiveState, uuid: str, t_now: float, span: float) -> Trace:
         """The device's samples in (t_now - span, t_now] that hold some data."""

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from phasescope.features import sample_interval
 from phasescope.schema import SIGNAL_NAMES, FloatArray, Trace
 
 Method = Literal["counter", "integrated_power", "none"]
@@ -188,13 +189,6 @@ class EnergyCurve:
         return e1 - e0, c1 - c0
 
 
-def sample_period(time: FloatArray) -> float:
-    """Median positive spacing of the time column; NaN when it cannot be told."""
-    dt = np.diff(time)
-    dt = dt[dt > 0]
-    return float(np.median(dt)) if dt.size else float("nan")
-
-
 def _clean(time: FloatArray, values: FloatArray) -> tuple[FloatArray, FloatArray, npt.NDArray[np.intp]]:
     """Rows with finite time and value, sorted, one per distinct time. Returns (time, value, row index)."""
     rows = np.flatnonzero(np.isfinite(time) & np.isfinite(values))
@@ -239,7 +233,7 @@ def energy_curve(
     integrated over. `method` forces one method (for comparisons); by default the counter wins when present.
     """
     time = trace.time
-    period = sample_period(time)
+    period = sample_interval(time)
     gap = max_gap_s if max_gap_s is not None else gap_factor * period
     if not math.isfinite(gap):
         gap = 0.0
