@@ -19,8 +19,8 @@ from typing import IO, Literal
 
 import numpy as np
 
-from phasescope.kpi.cost import mig_profile
-from phasescope.schema import PAPER_SIGNALS, SIGNALS, DeviceInfo, Trace
+from phasescope.kpi.cost import mig_parent, mig_profile
+from phasescope.schema import PAPER_SIGNALS, SIGNALS, Trace
 from phasescope.serve.metric_names import GPU_INFO, SIGNAL_METRICS
 from phasescope.sources.replay.dcgm_prom import FIELDS as DCGM_FIELDS
 
@@ -38,12 +38,6 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _parent(d: DeviceInfo) -> str:
-    """A MIG instance's physical GPU uuid; "" for a whole GPU, also one listed as its own parent (a damaged
-    file), which `kpi.cost.mig_shares` prices as a whole GPU too."""
-    return d.parent_uuid if d.parent_uuid and d.parent_uuid != d.uuid else ""
-
-
 def _instance_ids(traces: Sequence[Trace]) -> dict[str, str]:
     """MIG instance uuid -> its GPU_I_ID for the dcgm family: the recording's own where it has one, else
     its place among its GPU's instances here (1, 2, ...): what tells them apart under the parent's UUID."""
@@ -51,7 +45,7 @@ def _instance_ids(traces: Sequence[Trace]) -> dict[str, str]:
     seen: dict[str, int] = {}
     for t in traces:
         d = t.device
-        parent = _parent(d)
+        parent = mig_parent(d)
         if parent:
             seen[parent] = seen.get(parent, 0) + 1
             out[d.uuid] = d.extra.get("GPU_I_ID") or str(seen[parent])
@@ -120,14 +114,14 @@ def write_stream(
 def _write_gpu_info(traces: Sequence[Trace], out: IO[str]) -> int:
     """The agent's `phasescope_gpu_info` for each MIG instance, at its trace's sample times, so the fleet
     finds its parent GPU and profile as it does on a live agent (a whole GPU needs none: empty labels)."""
-    mig = [t for t in traces if _parent(t.device) and np.isfinite(t.time).any()]
+    mig = [t for t in traces if mig_parent(t.device) and np.isfinite(t.time).any()]
     if not mig:
         return 0
     out.write(f"# TYPE {GPU_INFO.name} gauge\n# HELP {GPU_INFO.name} {GPU_INFO.help}\n")
     n = 0
     for t in mig:
         d = t.device
-        extra = f'parent_uuid="{_escape(_parent(d))}",mig_profile="{_escape(mig_profile(d))}"'
+        extra = f'parent_uuid="{_escape(mig_parent(d))}",mig_profile="{_escape(mig_profile(d))}"'
         prefix = f"{GPU_INFO.name}{{{_labels(t, 'phasescope')},{extra}}} 1 "
         times = np.round(t.time[np.isfinite(t.time)], 3).tolist()
         out.write("".join(f"{prefix}{ts:.3f}\n" for ts in times))

@@ -86,10 +86,9 @@ MIG_TOTAL_SLICES: Mapping[str, int] = {
     "a30": 4, "a100": 7, "a800": 7, "h100": 7, "h200": 7, "h800": 7, "h20": 7, "gh200": 7,
     "b100": 7, "b200": 7, "gb200": 7,
 }
-# A GPU-instance profile "3g.40gb" (also "1c.3g.40gb", "1g.10gb+me"): 3 compute slices.
-_PROFILE_RE = re.compile(r"(\d+)g\.\d+gb", re.IGNORECASE)
-# A whole profile name, with an optional media-extension suffix ("1g.10gb+me").
-_PROFILE_NAME_RE = re.compile(r"\d+g\.\d+gb(?:\+\w+)?", re.IGNORECASE)
+# A GPU-instance profile "3g.40gb" (also in "1c.3g.40gb", or "1g.10gb+me" with a media extension): its
+# leading number is the compute slices (3).
+_PROFILE_RE = re.compile(r"(\d+)g\.\d+gb(?:\+\w+)?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -110,24 +109,27 @@ class MigShare:
         )
 
 
-def mig_slices(device: DeviceInfo) -> int | None:
-    """Compute slices of a MIG instance, from its GPU-instance profile (dcgm `GPU_I_PROFILE`, or the
-    NVML name "... MIG 3g.40gb"); None when neither says."""
-    for text in (device.extra.get("GPU_I_PROFILE", ""), device.name):
-        found = _PROFILE_RE.findall(text)
-        if found:
-            return int(found[-1])
-    return None
+def mig_parent(device: DeviceInfo) -> str:
+    """A MIG instance's physical GPU uuid; "" for a whole GPU, also one listed as its own parent (a damaged
+    file), which is priced, exported and backfilled as a whole GPU."""
+    parent = device.parent_uuid
+    return parent if parent and parent != device.uuid else ""
 
 
 def mig_profile(device: DeviceInfo) -> str:
-    """A MIG instance's GPU-instance profile ("3g.40gb"), from the same places as `mig_slices`; "" when
-    neither says (a whole GPU)."""
+    """A MIG instance's GPU-instance profile ("3g.40gb"), from dcgm's `GPU_I_PROFILE` or the NVML name
+    "... MIG 3g.40gb"; "" when neither says (a whole GPU)."""
     for text in (device.extra.get("GPU_I_PROFILE", ""), device.name):
-        found = _PROFILE_NAME_RE.findall(text)
+        found = list(_PROFILE_RE.finditer(text))
         if found:
-            return str(found[-1])
+            return found[-1].group(0)
     return ""
+
+
+def mig_slices(device: DeviceInfo) -> int | None:
+    """Compute slices of a MIG instance, from its profile (`mig_profile`); None when it has none."""
+    found = _PROFILE_RE.match(mig_profile(device))
+    return int(found.group(1)) if found else None
 
 
 def mig_total_slices(model: str) -> int | None:
@@ -154,8 +156,8 @@ def mig_shares(devices: Iterable[DeviceInfo]) -> dict[str, MigShare]:
     devs = {d.uuid: d for d in devices}
     children: dict[str, list[DeviceInfo]] = {}
     for d in devs.values():
-        if d.parent_uuid and d.parent_uuid != d.uuid:  # its own parent (a damaged file): not MIG
-            children.setdefault(d.parent_uuid, []).append(d)
+        if mig_parent(d):
+            children.setdefault(mig_parent(d), []).append(d)
     out: dict[str, MigShare] = {}
     for parent_uuid, kids in children.items():
         parent = devs.get(parent_uuid)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from phasescope.kpi.cost import mig_profile
+from phasescope.kpi.cost import mig_parent, mig_profile
 from phasescope.schema import PHASES, SIGNAL_NAMES, ProcessSample
 from phasescope.serve import metric_names as mn
 from phasescope.sources.base import SIGNAL_COLUMN
@@ -92,8 +92,7 @@ class PhasescopeCollector:
             index = "" if info.index is None else str(info.index)
             key = [info.uuid, index, info.name, info.host or self.host]
             # A MIG instance's parent and profile: what prices a MIG GPU once in the fleet (kpi/cost.py).
-            # Its own parent (a damaged source) is a whole GPU, as `kpi.cost.mig_prices` reckons it.
-            parent = info.parent_uuid if info.parent_uuid and info.parent_uuid != info.uuid else ""
+            parent = mig_parent(info)
             gpu_info.add_metric([*key, parent, mig_profile(info) if parent else ""], 1.0)
             for s, fam in signals.items():
                 v = float(latest[SIGNAL_COLUMN[s]])
