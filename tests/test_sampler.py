@@ -134,3 +134,21 @@ def test_real_clock_run_with_the_host_source():
     assert stats.ticks + stats.skipped == 5 and len(batches) == stats.ticks >= 2
     times = [b.time for b in batches]
     assert times == sorted(times)
+
+
+def test_until_played_out_stops_at_the_end_of_a_replay_instead_of_passing_empty_ticks() -> None:
+    import threading
+
+    from phasescope.sampler import until_played_out
+    from phasescope.sources.base import TickBatch
+
+    class Replay:
+        exhausted = False
+
+    src, stop, got = Replay(), threading.Event(), []
+    tick = until_played_out(src, got.append, stop)  # type: ignore[arg-type]
+    first = TickBatch.empty(0.0, [])
+    tick(first)
+    src.exhausted = True
+    tick(TickBatch.empty(1.0, []))
+    assert got == [first] and stop.is_set()

@@ -99,3 +99,19 @@ class Sampler:
             stats.skipped += int(min(nxt, n_slots)) - (k + 1)  # only slots inside the run count
             k = nxt
         return stats
+
+
+def until_played_out(
+    source: LiveSource, on_tick: Callable[[TickBatch], None], stop: threading.Event
+) -> Callable[[TickBatch], None]:
+    """`on_tick`, except that once a replay without loop has played to its end it sets `stop` instead of
+    passing on its empty ticks: what recording, signing and verifying do (`record`, `ledger`, `verify
+    --source`). Live views keep their last picture instead and do not use it."""
+
+    def tick(batch: TickBatch) -> None:
+        if getattr(source, "exhausted", False):
+            stop.set()
+            return
+        on_tick(batch)
+
+    return tick

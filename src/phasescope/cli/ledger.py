@@ -63,8 +63,7 @@ def command(
 
     require_cryptography()
     from phasescope.classify.model import PhaseModel
-    from phasescope.sampler import Sampler
-    from phasescope.sources.base import TickBatch
+    from phasescope.sampler import Sampler, until_played_out
     from phasescope.sources.open import open_source
     from phasescope.verify.keys import load_or_create
     from phasescope.verify.ledger import LedgerWriter
@@ -81,14 +80,9 @@ def command(
         batch_rows=batch_rows,
     )
 
-    def on_tick(batch: TickBatch) -> None:
-        if getattr(src, "exhausted", False):  # a replay without loop has played to its end
-            stop.set()
-            return
-        writer.on_tick(batch)
-
     try:
-        stats = Sampler(src, interval).run(on_tick, duration=duration, stop=stop)
+        stats = Sampler(src, interval).run(until_played_out(src, writer.on_tick, stop), duration=duration,
+                                           stop=stop)
     except KeyboardInterrupt:
         stats = None
     finally:

@@ -18,7 +18,7 @@ import click
 from phasescope.cli.run import CommandNotFound, _tty_foreground
 from phasescope.errors import SourceError
 from phasescope.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
-from phasescope.sampler import MIN_INTERVAL_S, Sampler
+from phasescope.sampler import MIN_INTERVAL_S, Sampler, until_played_out
 from phasescope.schema import PAPER_SIGNALS
 from phasescope.sources.base import TickBatch
 from phasescope.sources.open import SPEC_HELP, open_source
@@ -264,9 +264,6 @@ def _record(
     stop = stop or threading.Event()
 
     def on_tick(batch: TickBatch) -> None:
-        if getattr(source, "exhausted", False):  # a replay without loop has played to its end
-            stop.set()
-            return
         for event in batch.events:
             progress.say(event)
         writer.write(batch)
@@ -293,7 +290,7 @@ def _record(
         f"in progress: {partial_dir_for(path).name}/)"
     )
     try:
-        sampler.run(on_tick, duration=duration, stop=stop)
+        sampler.run(until_played_out(source, on_tick, stop), duration=duration, stop=stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

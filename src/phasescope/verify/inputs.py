@@ -128,20 +128,19 @@ def sample_live(
     sampler_kwargs: dict[str, Any] | None = None,
 ) -> list[Trace]:
     """Watch `source` for `duration_s` seconds; one Trace per device (and hand every tick to `on_tick`)."""
-    from phasescope.sampler import Sampler
+    from phasescope.sampler import Sampler, until_played_out
 
     ticks: list[TickBatch] = []
     stop = stop or threading.Event()
 
     def keep(b: TickBatch) -> None:
-        if getattr(source, "exhausted", False):  # a replay without loop has played to its end
-            stop.set()
-            return
         ticks.append(b)
         if on_tick is not None:
             on_tick(b)
 
-    Sampler(source, interval_s, **(sampler_kwargs or {})).run(keep, duration=duration_s, stop=stop)
+    Sampler(source, interval_s, **(sampler_kwargs or {})).run(
+        until_played_out(source, keep, stop), duration=duration_s, stop=stop
+    )
     return ticks_to_traces(ticks)
 
 
