@@ -101,15 +101,24 @@ def test_unknown_until_enough_history(migration: list[Trace], model: PhaseModel)
     assert r.to_dict()["confidence"] is None
 
 
-def test_a_lost_device_goes_unknown_once_its_window_is_empty(
-    migration: list[Trace], model: PhaseModel
-) -> None:
+def _after_100_ticks(
+    migration: list[Trace], model: PhaseModel, stop: int
+) -> tuple[LiveClassifier, LiveState, list[TickBatch]]:
+    """A classifier (30 s windows, a run every 5 s) that has seen the migration run's first 100 ticks, and
+    the ticks up to `stop` (the tests play the rest with a device lost or failing)."""
     lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
     state = LiveState("replay")
-    all_ticks = list(ticks(migration, stop=150))
+    all_ticks = list(ticks(migration, stop=stop))
     for batch in all_ticks[:100]:
         state.ingest(batch)
         lc.update(state)
+    return lc, state, all_ticks
+
+
+def test_a_lost_device_goes_unknown_once_its_window_is_empty(
+    migration: list[Trace], model: PhaseModel
+) -> None:
+    lc, state, all_ticks = _after_100_ticks(migration, model, 150)
     keep = migration[1].device.uuid
     lost = migration[0].device.uuid
     assert lc.reading(lost) is not None and lc.reading(lost).phase != "unknown"  # type: ignore[union-attr]
@@ -125,12 +134,7 @@ def test_a_gpu_whose_rows_turn_nan_goes_unknown_within_two_runs(
 ) -> None:
     """NVML keeps a lost GPU's row, all NaN: the samples before the loss must not keep (or give) it a phase
     for the rest of the window, nor meter its time under one. Dark for `every_s` is dark."""
-    lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
-    state = LiveState("replay")
-    all_ticks = list(ticks(migration, stop=115))
-    for batch in all_ticks[:100]:
-        state.ingest(batch)
-        lc.update(state)
+    lc, state, all_ticks = _after_100_ticks(migration, model, 115)
     lost, keep = migration[0].device.uuid, migration[1].device.uuid
     assert lc.reading(lost).phase != "unknown"  # type: ignore[union-attr]
     for batch in all_ticks[100:112]:  # two classifier runs later, with 18 s of pre-loss data in its window
@@ -149,13 +153,8 @@ def test_one_failed_read_neither_flips_the_phase_nor_resets_the_alarm(
 ) -> None:
     """A single all-NaN tick (one failed NVML read) on a classifier and alarm tick is not a lost GPU: the
     badge must not flip to unknown and back, nor the training alarm fall and fire again with a new start."""
-    lc = LiveClassifier(model, window_s=30.0, every_s=5.0)
-    state = LiveState("replay")
-    all_ticks = list(ticks(migration, stop=140))
+    lc, state, all_ticks = _after_100_ticks(migration, model, 140)
     gpu = migration[0].device.uuid
-    for batch in all_ticks[:100]:
-        state.ingest(batch)
-        lc.update(state)
     before = lc.reading(gpu)
     assert before is not None and before.phase == "training" and before.training_alarm
     seen, failed, last_failed = [], 0, False
