@@ -12,3 +12,11 @@ def instrument(**kwargs: Any) -> Any:
     from phasescope.instrument import install
 
     return install(**kwargs)
+
+
+def measure(name: str = "window", **kwargs: Any) -> Any:
+    """Time, energy and cost of a named window of code: `with phasescope.measure("epoch") as w: ...`, then
+    `w.result` (see phasescope.monitor; `Monitor` there for begin_window/end_window)."""
+    from phasescope.monitor import measure as _measure
+
+    return _measure(name, **kwargs)

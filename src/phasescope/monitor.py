@@ -1,0 +1,742 @@
+"""Energy, time and cost of a named window of code, measured from inside the program (as Zeus's ZeusMonitor).
+
+    import phasescope
+
+    with phasescope.measure("epoch") as w:
+        train_one_epoch()
+    print(w.result.time_s, w.result.total_energy_j, w.result.cost.total_usd)
+
+    from phasescope.monitor import Monitor
+
+    mon = Monitor()                        # opens NVML once; many windows, nested or overlapping
+    mon.begin_window("epoch")
+    for batch in loader:
+        mon.begin_window("step")
+        step(batch)
+        steps.append(mon.end_window("step"))
+    epoch = mon.end_window("epoch")
+
+How each device's energy is measured is `kpi/energy.py`'s rule, through one `FleetEnergyMeter` per window fed
+with every reading taken while the window is open:
+
+- a GPU with NVML's total-energy counter (Volta and newer): the counter's difference between the readings at
+  `begin_window` and `end_window`, exact whatever happens in between (a counter reset is bridged by power, as
+  offline). No background sampling is needed, so by default none runs (Zeus does the same);
+- a GPU with power but no counter: a background thread reads the devices every `interval_s` (0.1 s by
+  default) while any window is open, and power is integrated under the gap rule (an interval longer than
+  `gap_factor` x `interval_s` is left uncovered and reported in `coverage`, never guessed);
+- the host: CPU packages + DRAM through RAPL (`sources/rapl.py`, Linux powercap) where it can be read (root
+  only since Linux 5.10), a counter metered like NVML's, with the per-zone split in `parts` and Zeus's
+  `cpu_energy` / `dram_energy`; the host is reported alone when there is no GPU, and beside the GPUs when RAPL
+  is readable. Without RAPL its energy is not measured (None, never 0, and a note says why); time is, its CPU
+  share over the window is, and the time component of the cost when a $/device-hour price is set.
+
+Readings are taken through phasescope's own sources (`sources/nvml.NvmlSource` without process, GPM or
+NVLink calls; `sources/host.HostSource` without the torch scan), so NVML errors follow that source's policy:
+a failing call reads NaN and is retried or remembered, a GPU that falls off the bus is marked lost (its
+energy stops at its last reading and the window's `notes` say so, once), and no NVML at all is one line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+
+from phasescope.config import PriceConfig
+from phasescope.config import load as load_config
+from phasescope.errors import InputError, SourceError
+from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.sampler import MIN_INTERVAL_S, Sampler
+from phasescope.schema import DeviceInfo
+from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.sources.host import is_host_device
+from phasescope.sources.rapl import RaplReader
+
+log = logging.getLogger("phasescope.monitor")
+
+DEFAULT_INTERVAL_S = 0.1  # background sampling for power-only GPUs: NVML's power refreshes about this often
+RAPL_INTERVAL_S = 5.0  # RAPL's counter wraps every >= ~15 min per package: read it well within that
+Interval = float | None | Literal["auto"]
+
+_POWER = SIGNAL_COLUMN["power"]
+_ENERGY = SIGNAL_COLUMN["energy"]
+_UTIL = SIGNAL_COLUMN["gpu_util"]
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class DeviceMeasurement:
+    """One device over one window. `energy_j` is None when the device has no power or energy reading."""
+
+    uuid: str
+    name: str
+    index: int | None
+    method: str  # "counter", "integrated_power" or "none" (kpi/energy.py)
+    energy_j: float | None
+    span_s: float  # first to last reading inside the window (the source's clock)
+    covered_s: float  # part of the span the energy figure covers
+    util_mean: float | None  # time-weighted mean utilisation (GPU) or CPU share (host) over the readings
+    cost: Cost
+    is_host: bool = False
+    notes: tuple[str, ...] = ()
+    # The host's RAPL zones in the window (J): "package-0", "package-0/dram", "package-0/core", ...
+    parts: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def coverage(self) -> float | None:
+        return self.covered_s / self.span_s if self.span_s > 0 and self.energy_j is not None else None
+
+    @property
+    def mean_power_w(self) -> float | None:
+        if self.energy_j is None or self.covered_s <= 0:
+            return None
+        return self.energy_j / self.covered_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid, "name": self.name, "index": self.index, "method": self.method,
+            "energy_j": self.energy_j, "span_s": self.span_s, "covered_s": self.covered_s,
+            "coverage": self.coverage, "mean_power_w": self.mean_power_w, "util_mean": self.util_mean,
+            "cost": self.cost.to_dict(), "is_host": self.is_host, "notes": list(self.notes),
+            "parts": dict(self.parts),
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Time, energy and cost of one window. `time_s` is the monotonic wall time between begin and end."""
+
+    name: str
+    start: float  # Unix seconds at begin_window
+    time_s: float
+    devices: tuple[DeviceMeasurement, ...]
+    samples: int  # readings that went into the window (begin and end included)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def end(self) -> float:
+        return self.start + self.time_s
+
+    @property
+    def total_energy_j(self) -> float | None:
+        """Energy summed over the devices that measure it; None when none does (never a made-up 0)."""
+        known = [d.energy_j for d in self.devices if d.energy_j is not None]
+        return float(sum(known)) if known else None
+
+    @property
+    def cost(self) -> Cost:
+        total = ZERO
+        for d in self.devices:
+            total = total + d.cost
+        return total
+
+    def device(self, key: int | str) -> DeviceMeasurement:
+        """The device with this NVML index or uuid (a unique uuid prefix will do)."""
+        return self.devices[_pick(key, [(d.index, d.uuid) for d in self.devices], f"window {self.name!r}")]
+
+    # Zeus's names, so a ZeusMonitor user's code reads the same figures.
+    @property
+    def time(self) -> float:
+        return self.time_s
+
+    @property
+    def total_energy(self) -> float | None:
+        return self.total_energy_j
+
+    @property
+    def gpu_energy(self) -> dict[int, float]:
+        """NVML index -> joules, for the GPUs that measured energy (NVML indices, not CUDA's)."""
+        return {d.index: d.energy_j for d in self.devices
+                if d.index is not None and d.energy_j is not None and not d.is_host}
+
+    @property
+    def cpu_energy(self) -> dict[int, float] | None:
+        """CPU package index -> joules (RAPL `package-N`); None without RAPL, as Zeus."""
+        return self._rapl("")
+
+    @property
+    def dram_energy(self) -> dict[int, float] | None:
+        """CPU package index -> DRAM joules (RAPL `package-N/dram`); None where RAPL has no DRAM zone."""
+        return self._rapl("/dram")
+
+    def _rapl(self, suffix: str) -> dict[int, float] | None:
+        out: dict[int, float] = {}
+        for d in self.devices:
+            for label, joules in d.parts.items():
+                head, sep, rest = label.partition("/")
+                package = head.removeprefix("package-")
+                if package != head and package.isdigit() and sep + rest == suffix:
+                    out[int(package)] = joules
+        return out or None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (None for what was not measured), e.g. for `wandb.log` or a results file."""
+        return {
+            "name": self.name, "start": self.start, "end": self.end, "time_s": self.time_s,
+            "total_energy_j": self.total_energy_j, "cost": self.cost.to_dict(), "samples": self.samples,
+            "devices": [d.to_dict() for d in self.devices], "notes": list(self.notes),
+        }
+
+
+# ---------------------------------------------------------------- the monitor
+
+
+@dataclass
+class _Open:
+    """A window while it is open: its own meter, fed every reading taken from begin to end."""
+
+    name: str
+    start_wall: float
+    start_mono: float
+    meter: FleetEnergyMeter
+    samples: int = 0
+    notes: list[str] = field(default_factory=list)
+    # uuid -> [weighted util sum, weight seconds, previous reading time, power seen > 0]
+    util: dict[str, list[float]] = field(default_factory=dict)
+    dark_at_end: set[str] = field(default_factory=set)
+    zones: tuple[dict[str, float], dict[str, float]] | None = None  # RAPL per zone: (first, last) reading
+
+    def take(self, batch: TickBatch, zones: dict[str, float] | None = None) -> None:
+        if zones:
+            self.zones = (self.zones[0] if self.zones else zones, zones)
+        self.meter.update(batch)
+        self.samples += 1
+        t = float(batch.time)
+        for row, dev in enumerate(batch.devices):
+            acc = self.util.setdefault(dev.uuid, [0.0, 0.0, t, 0.0])
+            util, power = float(batch.values[row, _UTIL]), float(batch.values[row, _POWER])
+            dt = t - acc[2]
+            if math.isfinite(util) and dt > 0:
+                # A reading's utilisation describes the time since the previous reading (NVML's sample
+                # period, psutil's since-last-call CPU share), so weight it by that spacing.
+                acc[0] += util * dt
+                acc[1] += dt
+            acc[2] = t
+            if math.isfinite(power) and power > 0:
+                acc[3] = 1.0
+        self.dark_at_end = {dev.uuid for row, dev in enumerate(batch.devices)
+                            if not np.isfinite(batch.values[row]).any()}
+
+
+class Monitor:
+    """Measures named windows of code on the watched devices. See the module doc.
+
+    source: "auto" (NVIDIA GPUs through NVML, else the host), "nvml", "host", "replay:PATH", or a LiveSource.
+    devices: NVML indices or uuids to report (default: every device the source lists: the GPUs, plus the
+        host when RAPL can be read, or the host alone without a GPU). NVML's indices ignore
+        CUDA_VISIBLE_DEVICES, so a uuid is the safe way to name the GPU torch uses.
+    interval_s: background sampling while a window is open. "auto": 0.1 s when a GPU has power but no
+        energy counter, 5 s with RAPL (its counter wraps), else none; a number: always, at that period
+        (>= 0.1 s); None: never (energy then comes from the readings at begin and end alone: exact with a
+        counter, a two-point estimate without).
+    prices: Prices for every device, a PriceConfig (per model), or None for the config file's [prices]
+        (`config` names the file; default as every command: $PHASESCOPE_CONFIG, else the XDG path).
+    sync: before each reading at begin/end, wait for queued CUDA work (torch.cuda.synchronize() on the
+        current device) when the program has already initialised CUDA through torch; never imports torch.
+    say: where one-line notices go (no NVML, a GPU lost); default: this module's logger, as warnings.
+    """
+
+    def __init__(
+        self,
+        source: str | LiveSource = "auto",
+        *,
+        devices: Sequence[int | str] | None = None,
+        interval_s: Interval = "auto",
+        prices: Prices | PriceConfig | None = None,
+        config: str | Path | None = None,
+        sync: bool = True,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        if interval_s not in (None, "auto") and not (
+            isinstance(interval_s, int | float) and math.isfinite(interval_s) and interval_s >= MIN_INTERVAL_S
+        ):
+            raise InputError("Monitor", "interval_s", f"'auto', None or a number >= {MIN_INTERVAL_S} s",
+                             interval_s)
+        self._say = say or log.warning
+        self.sync = sync
+        self.notes: list[str] = []  # about the monitor as a whole; every Measurement carries them
+        self._said: set[str] = set()
+        self._lock = threading.RLock()
+        self._open: dict[str, _Open] = {}
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        needs_config = prices is None or config is not None
+        cfg = load_config(config) if needs_config else None
+        self.gap_factor = cfg.thresholds.energy_gap_factor if cfg is not None else DEFAULT_GAP_FACTOR
+        if prices is None:
+            prices = cfg.prices if cfg is not None else PriceConfig()
+        self._prices = prices
+        self.source = self._open_source(source)
+        try:
+            first = self._read_now()
+            self._all_devices = list(first.devices)
+            self._report = self._select(devices, self._all_devices)
+            self.interval_s = self._pick_interval(interval_s, first)
+        except BaseException:
+            self.source.close()
+            raise
+
+    # ---- setup ----
+
+    def _open_source(self, source: str | LiveSource) -> LiveSource:
+        if not isinstance(source, str):
+            return source
+        kind = source.strip().lower() or "auto"
+        if kind in ("auto", "nvml"):
+            from phasescope.sources.nvml import INSTALL_HINT, NvmlSource, nvml_available
+
+            def for_api(line: str) -> str:  # the CLI's hint names --source; here it is an argument
+                return line.replace(INSTALL_HINT, 'or use source="host" to measure the host only')
+
+            if kind == "auto":
+                ok, line = nvml_available()
+                if not ok:
+                    return self._host(line.replace(f", {INSTALL_HINT}", ""))
+            try:
+                # Lean reads: a window's energy needs power and the counter, not processes, GPM or NVLink.
+                nvml = NvmlSource(processes=False, gpm=False, nvlink=False)
+            except SourceError as exc:
+                if kind == "nvml":
+                    raise SourceError(for_api(str(exc))) from None
+                return self._host(str(exc).replace(f", {INSTALL_HINT}", ""))
+            if kind == "nvml":
+                return nvml
+            rapl = _rapl_or_reason()
+            if isinstance(rapl, str):  # no CPU energy: the GPUs alone, as Zeus without RAPL
+                return nvml
+            from phasescope.sources.host import CombinedSource, HostSource
+
+            return _WithRapl(CombinedSource(nvml, HostSource(find_torch=False), host_row=True), rapl)
+        if kind == "host":
+            return self._host(None)
+        from phasescope.sources.open import open_source
+
+        return open_source(source, say=self._note)
+
+    def _host(self, no_gpu: str | None) -> LiveSource:
+        """The host alone: CPU share and, where RAPL can be read, CPU package + DRAM energy."""
+        rapl = _rapl_or_reason()
+        if isinstance(rapl, str):
+            why = f"host energy not measured: {rapl}; time and CPU share are still measured"
+            self._note(f"{no_gpu}; {why}" if no_gpu else why)
+            return _lean_host()
+        if no_gpu:
+            self._note(f"{no_gpu}; measuring the host (CPU packages + DRAM through RAPL)")
+        return _WithRapl(_lean_host(), rapl)
+
+    def _pick_interval(self, wanted: Interval, first: TickBatch) -> float | None:
+        if wanted != "auto":
+            return None if wanted is None else float(wanted)
+        for row, dev in enumerate(first.devices):
+            if is_host_device(dev):
+                continue
+            if math.isfinite(first.values[row, _POWER]) and not math.isfinite(first.values[row, _ENERGY]):
+                return DEFAULT_INTERVAL_S  # power without a counter: it must be integrated, so sample
+        if isinstance(self.source, _WithRapl):
+            return RAPL_INTERVAL_S  # RAPL wraps every few minutes: a long window needs readings between
+        return None
+
+    @staticmethod
+    def _select(wanted: Sequence[int | str] | None, devices: list[DeviceInfo]) -> list[str]:
+        if wanted is None:  # the GPUs, and the host where it has a row (alone, or with RAPL energy)
+            return [d.uuid for d in devices]
+        keys = [(d.index, d.uuid) for d in devices]
+        return [devices[_pick(k, keys, "the watched devices")].uuid for k in wanted]
+
+    @property
+    def devices(self) -> list[DeviceInfo]:
+        """The devices this monitor reports, in the source's order."""
+        chosen = set(self._report)
+        return [d for d in self._all_devices if d.uuid in chosen]
+
+    # ---- windows ----
+
+    def begin_window(self, name: str, *, sync: bool | None = None) -> None:
+        """Open window `name` (unique among the open ones): sync, then take the first reading."""
+        with self._lock:
+            self._check_usable()
+            self._check_new(name)
+        if self.sync if sync is None else sync:
+            _sync_cuda()
+        # The gap rule judges the readings' own clock: a replay's runs `speed` times the wall clock.
+        speed = float(getattr(self.source, "speed", 1.0))
+        period = None if self.interval_s is None else self.interval_s * speed
+        meter = FleetEnergyMeter(interval_s=period, gap_factor=self.gap_factor)
+        with self._lock:
+            self._check_usable()
+            self._check_new(name)  # again: another thread may have opened it while CUDA synced
+            window = self._open[name] = _Open(name, time.time(), time.monotonic(), meter)
+            self._read_or_note(window, "start")
+            if self.interval_s is not None:
+                self._start_sampling()
+
+    def end_window(self, name: str, *, sync: bool | None = None) -> Measurement:
+        """Close window `name` and return its time, per-device energy and cost."""
+        with self._lock:
+            self._window(name)
+        if self.sync if sync is None else sync:
+            _sync_cuda()
+        with self._lock:
+            window = self._window(name)
+            self._read_or_note(window, "end")
+            end_mono = time.monotonic()
+            self._drop(name)
+            return self._result(window, end_mono)
+
+    def cancel_window(self, name: str) -> None:
+        """Drop window `name` without measuring it."""
+        with self._lock:
+            self._window(name)
+            self._drop(name)
+
+    def window(self, name: str, *, sync: bool | None = None) -> Window:
+        """A context manager for one window: `with mon.window("eval") as w: ...`, then `w.result`."""
+        return Window(self, name, sync=sync)
+
+    def open_windows(self) -> list[str]:
+        with self._lock:
+            return list(self._open)
+
+    def sample(self) -> None:
+        """Take one reading now into every open window (what the background thread does each interval)."""
+        with self._lock:
+            self._check_usable()
+            if self._open:
+                self._read_into_open()
+
+    def close(self) -> None:
+        """Stop sampling and release the source; open windows are dropped."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._open.clear()
+            thread = self._detach_sampler()
+        if thread is not None:
+            thread.join(timeout=5.0)  # no reading in flight when the source closes (NVML shut down)
+        self.source.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Monitor is closed; create a new one")
+
+    def _window(self, name: str) -> _Open:
+        self._check_usable()
+        window = self._open.get(name)
+        if window is None:
+            open_now = ", ".join(repr(n) for n in self._open) or "none"
+            raise ValueError(f"window {name!r} is not open (open windows: {open_now})")
+        return window
+
+    def _check_new(self, name: str) -> None:
+        if name in self._open:
+            raise ValueError(f"window {name!r} is already open; end it first or use another name")
+
+    def _drop(self, name: str) -> None:
+        """Forget an open window; the last one out stops the background readings (the thread ends at its
+        next wake-up, which the stop event makes immediate; not joined, so end_window does not wait)."""
+        del self._open[name]
+        if not self._open:
+            self._detach_sampler()
+
+    def _note(self, line: str) -> None:
+        """A notice about the monitor itself: said once, and carried by every Measurement."""
+        if line not in self._said:
+            self._said.add(line)
+            self.notes.append(line)
+            self._say(line)
+
+    def _read_now(self) -> TickBatch:
+        batch = self.source.read()
+        for event in batch.events:  # e.g. "GPU lost: ...": said once, kept by the windows open now
+            if not self._open:  # between windows it concerns every later window
+                self._note(event)
+                continue
+            if event not in self._said:
+                self._said.add(event)
+                self._say(event)
+            for window in self._open.values():
+                if event not in window.notes:
+                    window.notes.append(event)
+        return batch
+
+    def _read_into_open(self) -> None:
+        batch = self._read_now()
+        for window in self._open.values():
+            window.take(batch, self._zones())
+
+    def _zones(self) -> dict[str, float] | None:
+        """RAPL's per-zone joules at the reading just taken (the lock orders readings)."""
+        return self.source.zones if isinstance(self.source, _WithRapl) else None
+
+    def _read_or_note(self, window: _Open, when: str) -> None:
+        """A reading for every open window; a source that raises costs this reading, not the window."""
+        try:
+            batch = self._read_now()
+        except Exception as exc:
+            line = (f"reading the devices at the {when} of window {window.name!r} failed: "
+                    f"{type(exc).__name__}: {exc}")
+            window.notes.append(line)
+            self._say(line)
+            return
+        for w in self._open.values():
+            w.take(batch, self._zones())
+
+    def _start_sampling(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_loop, args=(self._stop,),
+                                        name="phasescope-monitor", daemon=True)
+        self._thread.start()
+
+    def _detach_sampler(self) -> threading.Thread | None:
+        """Tell the background thread to end (caller holds the lock); returns it, for a join outside."""
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        return thread
+
+    def _sample_loop(self, stop: threading.Event) -> None:
+        assert self.interval_s is not None
+        sampler = Sampler(_Reads(self), self.interval_s)
+        try:
+            sampler.run(lambda _batch: None, stop=stop)
+        except Exception as exc:  # a failing source stops the background readings, not the windows
+            self._note(f"background sampling stopped: {type(exc).__name__}: {exc}; energy between "
+                       "begin and end now comes from those two readings")
+
+    def _result(self, window: _Open, end_mono: float) -> Measurement:
+        results = {r.device: r for r in window.meter.results()}
+        infos = {d.uuid: d for d in self._all_devices}
+        prices, _ = mig_prices({u: self._price(infos[u]) for u in infos}, self._all_devices)
+        out = []
+        for uuid in self._report:
+            info = infos[uuid]
+            acc = window.util.get(uuid, [0.0, 0.0, 0.0, 0.0])
+            util = acc[0] / acc[1] if acc[1] > 0 else None
+            notes: list[str] = []
+            r = results.get(uuid)
+            if r is None:  # not one reading reached this window
+                out.append(DeviceMeasurement(uuid, info.name, info.index, "none", None, 0.0, 0.0, util, ZERO,
+                                             is_host_device(info), ("no reading in this window",)))
+                continue
+            measured = r.method != "none"
+            if not measured:
+                notes.append("no power or energy reading: energy not measured" + (
+                    " (no readable RAPL counters on this host)" if is_host_device(info) else ""))
+            elif r.method == "counter" and r.joules == 0.0 and acc[3]:
+                notes.append(f"the energy counter did not advance in {r.span_s:.3g} s (it updates every "
+                             "few tens of ms): 0 J is a lower bound; measure a longer window")
+            if uuid in window.dark_at_end:
+                notes.append("no reading at the end of the window (GPU lost or not answering): energy "
+                             "stops at its last reading")
+            elif measured and r.span_s > 0 and r.covered_s < r.span_s - 1e-9:
+                notes.append(f"energy covers {r.covered_s / r.span_s:.0%} of the window (readings missing)")
+            parts: dict[str, float] = {}
+            if window.zones and is_host_device(info):
+                first, last = window.zones
+                parts = {k: last[k] - first[k] for k in last if k in first}
+            out.append(DeviceMeasurement(
+                uuid, info.name, info.index, r.method, r.joules if measured else None, r.span_s, r.covered_s,
+                util, device_cost(r, prices[uuid]), is_host_device(info), tuple(notes), parts))
+        return Measurement(window.name, window.start_wall, end_mono - window.start_mono, tuple(out),
+                           window.samples, tuple(self.notes + window.notes))
+
+    def _price(self, info: DeviceInfo) -> Prices:
+        p = self._prices
+        return p if isinstance(p, Prices) else p.for_device(info.name)
+
+
+class _Reads:
+    """What the background Sampler reads through: one reading into every open window, under the lock, so
+    readings reach each window's meter in time order whichever thread takes them."""
+
+    name = "phasescope-monitor"
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def read(self) -> TickBatch:
+        m = self.monitor
+        with m._lock:
+            if m._open and not m._closed:
+                m._read_into_open()
+        return TickBatch.empty(time.time(), [])
+
+    def devices(self) -> list[DeviceInfo]:
+        return self.monitor.devices
+
+    def error_counts(self) -> dict[str, int]:
+        return self.monitor.source.error_counts()
+
+    def close(self) -> None:  # the Monitor owns the source
+        pass
+
+
+class Window:
+    """`with monitor.window(name) as w:` ... then `w.result` (a Measurement), also when the body raised."""
+
+    def __init__(self, monitor: Monitor, name: str, *, sync: bool | None = None, owned: bool = False) -> None:
+        self.monitor = monitor
+        self.name = name
+        self.sync = sync
+        self.result: Measurement | None = None
+        self._owned = owned  # a monitor made for this window alone: closed with it
+
+    def __enter__(self) -> Window:
+        try:
+            self.monitor.begin_window(self.name, sync=self.sync)
+        except BaseException:
+            if self._owned:
+                self.monitor.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.result = self.monitor.end_window(self.name, sync=self.sync)
+        finally:
+            if self._owned:
+                self.monitor.close()
+
+
+# ---------------------------------------------------------------- phasescope.measure()
+
+_shared: Monitor | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_monitor() -> Monitor:
+    """The process-wide Monitor `measure(name)` uses without options: opened on first use (NVML once),
+    closed at exit, so `with phasescope.measure("step"):` inside a loop costs two readings, not a setup."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared._closed:
+            _shared = Monitor()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def measure(name: str = "window", *, monitor: Monitor | None = None, sync: bool | None = None,
+            **options: Any) -> Window:
+    """`with phasescope.measure("epoch") as w: ...` then `w.result` (time, energy per device, cost).
+
+    monitor: measure on this Monitor. options (source=, devices=, interval_s=, prices=, config=): a Monitor
+    of its own for this one window, closed with it. Neither: the shared process-wide Monitor.
+    """
+    if monitor is not None and options:
+        raise TypeError(
+            f"measure(): give either monitor= or Monitor options, not both ({', '.join(options)})")
+    if monitor is not None:
+        return Window(monitor, name, sync=sync)
+    if options:
+        return Window(Monitor(**options), name, sync=sync, owned=True)
+    return Window(shared_monitor(), name, sync=sync)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class _WithRapl:
+    """A source whose host row gets RAPL's CPU package + DRAM joules in its `energy` column (a counter, as
+    NVML's: `kpi/energy.py` meters it the same way). `zones` holds the per-zone joules of the last read."""
+
+    def __init__(self, inner: LiveSource, rapl: RaplReader) -> None:
+        self.inner = inner
+        self.rapl = rapl
+        self.name = f"{inner.name}+rapl"
+        self.zones: dict[str, float] = {}
+        self._failed = ""
+
+    def devices(self) -> list[DeviceInfo]:
+        return self.inner.devices()
+
+    def read(self) -> TickBatch:
+        batch = self.inner.read()
+        try:
+            self.zones = self.rapl.read()
+            joules = self.rapl.total_j(self.zones)
+        except SourceError as exc:  # access taken away while running: NaN, and said once
+            self.zones, joules = {}, math.nan
+            if str(exc) != self._failed:
+                self._failed = str(exc)
+                batch.events.append(str(exc))
+        for row, dev in enumerate(batch.devices):
+            if is_host_device(dev):
+                batch.values[row, _ENERGY] = joules
+        return batch
+
+    def error_counts(self) -> dict[str, int]:
+        return self.inner.error_counts()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _rapl_or_reason() -> RaplReader | str:
+    """A RAPL reader, or the one line that says why there is none (no zones, no permission)."""
+    try:
+        return RaplReader()
+    except SourceError as exc:
+        return str(exc)
+
+
+def _lean_host() -> LiveSource:
+    from phasescope.sources.host import HostSource
+
+    return HostSource(find_torch=False)  # CPU share and memory only: no process scan on the caller's time
+
+
+def _sync_cuda() -> None:
+    """Wait for queued CUDA work when the program already uses CUDA through torch (never imports torch:
+    a program that has not imported it has no CUDA work of torch's to wait for)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    with contextlib.suppress(Exception):  # a broken or CPU-only torch: nothing to wait for
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+
+def _pick(key: int | str, devices: Sequence[tuple[int | None, str]], where: str) -> int:
+    """The position of the device `key` names: an NVML index, a uuid, or a unique uuid prefix."""
+    listed = ", ".join(f"{i}:{u}" if i is not None else u for i, u in devices) or "none"
+    if isinstance(key, bool) or not isinstance(key, int | str):
+        raise InputError(where, "device", "an NVML index or a uuid", key)
+    if isinstance(key, int):
+        hits = [n for n, (i, u) in enumerate(devices) if i == key and not u.startswith("MIG-")]
+    else:
+        exact = [n for n, (_, u) in enumerate(devices) if u == key]
+        hits = exact or [n for n, (_, u) in enumerate(devices) if u.startswith(key)]
+    if len(hits) != 1:
+        what = "no device" if not hits else f"{len(hits)} devices"
+        raise InputError(where, f"device {key!r}", f"one of {listed}", what)
+    return hits[0]
+
+
+__all__ = ["DeviceMeasurement", "Measurement", "Monitor", "Window", "measure", "shared_monitor"]

@@ -1,0 +1,376 @@
+"""phasescope.measure / monitor.Monitor: energy, time and cost of named windows.
+
+GPUs are the scripted fake NVML replaying a real SensorGuard RTX 3090 recording (GPT-2 training on GPU 0,
+an idle bystander on GPU 1) through the real pynvml API; the host is measured on a real CPU workload.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pynvml
+import pytest
+
+import phasescope
+from phasescope.errors import InputError, SourceError
+from phasescope.kpi.cost import Prices
+from phasescope.kpi.energy import device_energy
+from phasescope.monitor import Measurement, Monitor
+from phasescope.schema import Trace
+from phasescope.sources.base import TickBatch
+from phasescope.sources.nvml import NvmlSource
+from phasescope.sources.replay import read
+
+SENSORGUARD_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"
+PRICES = Prices(usd_per_gpu_hour=2.5, usd_per_kwh=0.12)
+
+
+@pytest.fixture(scope="module")
+def sg_traces(shared_data: Path) -> list[Trace]:
+    traces = read(shared_data / SENSORGUARD_RUN)
+    assert len(traces) == 2
+    return traces
+
+
+def _recorded_joules(trace: Trace, a: int, b: int) -> float:
+    """Energy between samples a and b of the recording: the trapezoid the fake's counter is built from."""
+    t, p = trace.time[a : b + 1], np.nan_to_num(trace["power"][a : b + 1])
+    return float(np.sum(np.diff(t) * (p[1:] + p[:-1]) / 2))
+
+
+class RecordedClock:
+    """The NVML source with each reading stamped on the recording's own clock (not the wall clock), so a
+    power-only window integrates exactly the samples the recording holds."""
+
+    name = "nvml-recorded-clock"
+
+    def __init__(self, fake) -> None:
+        self.fake = fake
+        self.src = NvmlSource(processes=False, gpm=False, nvlink=False)
+
+    def devices(self):
+        return self.src.devices()
+
+    def read(self) -> TickBatch:
+        batch = self.src.read()
+        batch.time = self.fake.time_s(self.fake.gpus[0])
+        return batch
+
+    def error_counts(self):
+        return self.src.error_counts()
+
+    def close(self) -> None:
+        self.src.close()
+
+
+def test_counter_window_is_the_counter_difference_per_gpu(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, energy_from_power=True)
+    with Monitor("nvml", prices=PRICES) as mon:
+        assert mon.interval_s is None  # every GPU has the counter: no background sampling needed
+        mon.begin_window("epoch")
+        fake.advance(10)
+        m = mon.end_window("epoch")
+    assert [d.uuid for d in m.devices] == [t.device.uuid for t in sg_traces]
+    for dev, trace in zip(m.devices, sg_traces, strict=True):
+        assert dev.method == "counter"
+        # The counter is served in whole mJ: two roundings.
+        assert dev.energy_j == pytest.approx(_recorded_joules(trace, 0, 10), abs=0.002)
+        assert dev.cost.energy_usd == pytest.approx(dev.energy_j / 3.6e6 * 0.12)
+        assert dev.cost.time_usd == pytest.approx(dev.span_s / 3600 * 2.5)
+        assert dev.coverage == 1.0 and dev.notes == ()
+    # The training GPU drew far more than its idle bystander over the same 10 recorded seconds.
+    assert m.devices[0].energy_j > 2 * m.devices[1].energy_j
+    assert m.total_energy_j == pytest.approx(m.devices[0].energy_j + m.devices[1].energy_j)
+    # Zeus's names read the same figures.
+    assert m.gpu_energy == {0: m.devices[0].energy_j, 1: m.devices[1].energy_j}
+    assert m.total_energy == m.total_energy_j and m.time == m.time_s
+    assert m.samples == 2
+
+
+def test_nested_and_overlapping_windows_each_get_their_own_span(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces[:1], energy_from_power=True)
+    with Monitor("nvml", prices=PRICES) as mon:
+        mon.begin_window("outer")
+        fake.advance(3)
+        mon.begin_window("inner")
+        fake.advance(4)
+        inner = mon.end_window("inner")
+        mon.begin_window("tail")
+        fake.advance(3)
+        outer = mon.end_window("outer")
+        fake.advance(2)
+        tail = mon.end_window("tail")
+        assert mon.open_windows() == []
+    trace = sg_traces[0]
+    assert inner.device(0).energy_j == pytest.approx(_recorded_joules(trace, 3, 7), abs=0.002)
+    assert outer.device(0).energy_j == pytest.approx(_recorded_joules(trace, 0, 10), abs=0.002)
+    assert tail.device(0).energy_j == pytest.approx(_recorded_joules(trace, 7, 12), abs=0.002)
+    assert outer.samples == 5  # its begin, inner's begin and end, tail's begin, its end
+
+
+def test_power_only_gpu_is_integrated_as_kpi_energy_integrates_the_same_samples(fake_nvml, sg_traces):
+    trace = sg_traces[0]
+    fake = fake_nvml([trace])  # the recording has no energy counter: power only
+    with Monitor("nvml", prices=PRICES) as probe:
+        assert probe.interval_s == 0.1  # power without a counter: background sampling, by default
+    n = 40
+    with Monitor(RecordedClock(fake), interval_s=None, prices=PRICES) as mon:
+        mon.begin_window("w")
+        for _ in range(n):
+            fake.advance()
+            mon.sample()
+        m = mon.end_window("w")
+    # What `phasescope cost` / the report would say for those samples (the fake serves whole mW).
+    t = trace.time[: n + 1]
+    ref = device_energy(Trace(trace.device, t, {"power": np.round(trace["power"][: n + 1] * 1000) / 1000}))
+    dev = m.device(trace.device.uuid)
+    assert ref.method == dev.method == "integrated_power"
+    assert dev.energy_j == pytest.approx(ref.joules, rel=1e-12)
+    assert dev.covered_s == pytest.approx(ref.covered_s)
+    assert dev.span_s == pytest.approx(t[-1] - t[0])
+    assert dev.mean_power_w == pytest.approx(ref.mean_power_w)
+
+
+def test_power_hole_is_left_uncovered_and_said(fake_nvml, sg_traces):
+    trace = sg_traces[0]
+    fake = fake_nvml([trace])
+    fake.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_TIMEOUT, from_tick=5, until_tick=12)
+    with Monitor(RecordedClock(fake), interval_s=None, prices=PRICES) as mon:
+        mon.begin_window("w")
+        for _ in range(20):
+            fake.advance()
+            mon.sample()
+        dev = mon.end_window("w").devices[0]
+    power = np.round(trace["power"][:21] * 1000) / 1000
+    power[5:12] = np.nan
+    ref = device_energy(Trace(trace.device, trace.time[:21], {"power": power}))
+    assert dev.energy_j == pytest.approx(ref.joules, rel=1e-12)
+    assert dev.covered_s == pytest.approx(ref.covered_s) and dev.covered_s < dev.span_s
+    assert any("energy covers" in n for n in dev.notes)
+
+
+def test_counter_through_transient_nvml_errors_is_exact(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces[:1], energy_from_power=True)
+    fake.fail("nvmlDeviceGetTotalEnergyConsumption", pynvml.NVML_ERROR_TIMEOUT, from_tick=2, until_tick=7)
+    said: list[str] = []
+    with Monitor("nvml", interval_s=None, prices=PRICES, say=said.append) as mon:
+        mon.begin_window("w")
+        for _ in range(9):
+            fake.advance()
+            mon.sample()
+        dev = mon.end_window("w").devices[0]
+        assert mon.source.error_counts()["nvmlDeviceGetTotalEnergyConsumption"] == 5
+    assert dev.method == "counter"
+    assert dev.energy_j == pytest.approx(_recorded_joules(sg_traces[0], 0, 9), abs=0.002)
+    assert dev.coverage == pytest.approx(1.0)
+    assert said == []  # a transient error is not news
+
+
+def test_gpu_lost_mid_window_keeps_the_energy_before_and_says_so_once(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, energy_from_power=True)
+    fake.lose(0, from_tick=5)
+    said: list[str] = []
+    with Monitor("nvml", interval_s=None, prices=PRICES, say=said.append) as mon:
+        mon.begin_window("w")
+        for _ in range(9):
+            fake.advance()
+            mon.sample()
+        m = mon.end_window("w")
+        mon.begin_window("after")
+        fake.advance()
+        after = mon.end_window("after")
+    lost, bystander = m.devices
+    assert lost.energy_j == pytest.approx(_recorded_joules(sg_traces[0], 0, 4), abs=0.002)
+    assert lost.coverage is not None and lost.coverage < 1
+    assert any("GPU lost" in n for n in m.notes)
+    assert any("no reading at the end" in n for n in lost.notes)
+    assert bystander.energy_j == pytest.approx(_recorded_joules(sg_traces[1], 0, 9), abs=0.002)
+    assert bystander.notes == ()
+    assert len([s for s in said if "GPU lost" in s]) == 1 and "\n" not in said[0]
+    # A later window: the lost GPU has no energy at all (no counter reading in it), the other one does.
+    assert after.devices[0].energy_j is None and after.devices[1].energy_j is not None
+    assert "no power or energy reading" in after.devices[0].notes[0]
+
+
+def test_window_shorter_than_the_counter_update_says_zero_is_a_lower_bound(fake_nvml, sg_traces):
+    fake_nvml(sg_traces[:1], energy_from_power=True)
+    with Monitor("nvml", prices=PRICES) as mon:
+        mon.begin_window("tiny")
+        dev = mon.end_window("tiny").devices[0]  # same fake tick: the counter has not moved
+    assert dev.energy_j == 0.0
+    assert any("did not advance" in n for n in dev.notes)
+
+
+def test_no_nvml_is_one_line_and_auto_falls_back_to_the_host(fake_nvml, sg_traces):
+    fake_nvml(sg_traces, init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(SourceError) as err:
+        Monitor("nvml", prices=PRICES)
+    assert "NVML library not found" in str(err.value) and "\n" not in str(err.value)
+    assert 'source="host"' in str(err.value)  # the API's own spelling, not the CLI's --source
+    said: list[str] = []
+    with Monitor("auto", prices=PRICES, say=said.append) as mon:
+        assert [d.extra.get("kind") for d in mon.devices] == ["host"]
+        mon.begin_window("w")
+        m = mon.end_window("w")
+    assert len(said) == 1 and "NVML library not found" in said[0] and "--source" not in said[0]
+    assert m.notes == tuple(said)
+
+
+def test_host_window_on_a_real_cpu_workload():
+    prices = Prices(usd_per_gpu_hour=3.6)
+    with Monitor("host", prices=prices) as mon:
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        mon.begin_window("busy")
+        x = 0
+        while time.monotonic() - wall0 < 0.6:  # one thread of pure Python
+            x += 1
+        m = mon.end_window("busy")
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    (host,) = m.devices
+    assert host.is_host and host.method == "none"
+    assert host.energy_j is None and m.total_energy_j is None and m.gpu_energy == {}
+    assert "no power or energy reading" in host.notes[0]
+    assert 0.6 <= m.time_s <= wall
+    # The host's CPU share over the window is at least this process's own share of all cores.
+    ncpu = os.cpu_count() or 1
+    assert host.util_mean is not None and host.util_mean >= 0.9 * cpu / (wall * ncpu)
+    # Unmeasured energy is an unknown cost, not $0; held time is priced.
+    assert host.cost.energy_usd is None
+    assert host.cost.time_usd == pytest.approx(host.span_s / 3600 * 3.6)
+    assert m.to_dict()["devices"][0]["energy_j"] is None
+
+
+def test_background_sampling_runs_only_while_a_window_is_open(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces[:1])  # power only; the fake holds tick 0, so power is constant
+    with Monitor("nvml", prices=PRICES) as mon:
+        assert mon.interval_s == 0.1
+        mon.begin_window("w")
+        assert mon._thread is not None
+        time.sleep(0.5)
+        m = mon.end_window("w")
+        assert mon._thread is None
+    dev = m.devices[0]
+    assert m.samples >= 3  # begin, end and the background readings between
+    assert dev.method == "integrated_power"
+    p0 = round(sg_traces[0]["power"][0] * 1000) / 1000
+    assert dev.mean_power_w == pytest.approx(p0)
+    assert fake.tick == 0
+
+
+def test_measure_context_manager_and_bad_use():
+    with phasescope.measure("ok", source="host") as w:
+        pass
+    assert isinstance(w.result, Measurement) and w.result.name == "ok"
+    # The window ends (and is measured) when the body raises; the error goes on.
+    with pytest.raises(ZeroDivisionError), phasescope.measure("boom", source="host") as w2:
+        1 / 0  # noqa: B018
+    assert w2.result is not None and math.isfinite(w2.result.time_s)
+    with Monitor("host", prices=PRICES) as mon:
+        with mon.window("a") as wa:
+            with pytest.raises(ValueError, match="already open"):
+                mon.begin_window("a")
+            with pytest.raises(ValueError, match=r"'nope' is not open \(open windows: 'a'\)"):
+                mon.end_window("nope")
+        assert wa.result is not None
+        mon.begin_window("dropped")
+        mon.cancel_window("dropped")
+        assert mon.open_windows() == []
+        with pytest.raises(TypeError, match="either monitor= or Monitor options"):
+            phasescope.measure("x", monitor=mon, source="host")
+    with pytest.raises(RuntimeError, match="closed"):
+        mon.begin_window("late")
+    with pytest.raises(InputError, match="device 5: expected one of host:"):
+        Monitor("host", devices=[5], prices=PRICES)
+    with pytest.raises(InputError, match="interval_s"):
+        Monitor("host", interval_s=0.01, prices=PRICES)
+
+
+def test_measure_without_options_reuses_one_shared_monitor(monkeypatch):
+    import phasescope.monitor as monitor_mod
+
+    monkeypatch.setattr(monitor_mod, "_shared", None)
+    monkeypatch.setenv("PHASESCOPE_CONFIG", "")  # the default config path, which may not exist: no prices
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent-phasescope-test")
+    try:
+        with phasescope.measure("one") as a:
+            pass
+        shared = monitor_mod._shared
+        with phasescope.measure("two") as b:
+            pass
+        assert shared is not None and monitor_mod._shared is shared  # opened once, not per window
+        assert a.result is not None and b.result is not None and b.result.name == "two"
+    finally:
+        if monitor_mod._shared is not None:
+            monitor_mod._shared.close()
+
+
+# ---- the host's CPU energy through RAPL (a fake powercap tree; this machine has none)
+
+
+def test_host_energy_through_rapl_with_zeus_breakdown(tmp_path, monkeypatch):
+    from phasescope.sources import rapl
+    from tests.fakes.fake_powercap import MAX_UJ, make_zone, set_uj
+
+    make_zone(tmp_path, "intel-rapl:0", "package-0", MAX_UJ - 2_000_000)
+    make_zone(tmp_path, "intel-rapl:0:0", "dram", 100)
+    monkeypatch.setattr(rapl, "POWERCAP", tmp_path)
+    with Monitor("host", prices=PRICES) as mon:
+        assert mon.interval_s == 5.0  # RAPL wraps: long windows get readings between
+        mon.begin_window("w")
+        set_uj(tmp_path, "intel-rapl:0", 3_000_000)  # wrapped: 2 J to the top, then 3 J
+        set_uj(tmp_path, "intel-rapl:0:0", 1_500_100)  # +1.5 J of DRAM
+        m = mon.end_window("w")
+    (host,) = m.devices
+    assert host.is_host and host.method == "counter"
+    assert host.energy_j == pytest.approx(6.5) and m.total_energy_j == pytest.approx(6.5)
+    assert dict(host.parts) == pytest.approx({"package-0": 5.0, "package-0/dram": 1.5})
+    assert m.cpu_energy == pytest.approx({0: 5.0}) and m.dram_energy == pytest.approx({0: 1.5})
+    assert m.gpu_energy == {}
+    assert host.cost.energy_usd == pytest.approx(6.5 / 3.6e6 * 0.12)
+
+
+def test_auto_reports_gpus_and_the_host_when_rapl_is_readable(fake_nvml, sg_traces, tmp_path, monkeypatch):
+    from phasescope.sources import rapl
+    from tests.fakes.fake_powercap import make_zone, set_uj
+
+    make_zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    monkeypatch.setattr(rapl, "POWERCAP", tmp_path)
+    fake = fake_nvml(sg_traces[:1], energy_from_power=True)
+    with Monitor("auto", interval_s=None, prices=PRICES) as mon:
+        mon.begin_window("w")
+        fake.advance(10)
+        set_uj(tmp_path, "intel-rapl:0", 40_000_000)
+        m = mon.end_window("w")
+    gpu, host = m.devices
+    assert gpu.energy_j == pytest.approx(_recorded_joules(sg_traces[0], 0, 10), abs=0.002)
+    assert host.is_host and host.energy_j == pytest.approx(40.0)
+    assert m.gpu_energy == {0: gpu.energy_j} and m.cpu_energy == pytest.approx({0: 40.0})
+
+
+def test_auto_without_readable_rapl_reports_the_gpus_only(fake_nvml, sg_traces, tmp_path, monkeypatch):
+    from phasescope.sources import rapl
+
+    monkeypatch.setattr(rapl, "POWERCAP", tmp_path)  # empty: no zones
+    fake_nvml(sg_traces, energy_from_power=True)
+    said: list[str] = []
+    with Monitor("auto", prices=PRICES, say=said.append) as mon:
+        assert [d.uuid for d in mon.devices] == [t.device.uuid for t in sg_traces]
+    assert said == []  # as Zeus without RAPL: the GPUs, and no complaint about the CPU
+
+
+def test_replay_at_speed_is_metered_on_its_own_clock(shared_data):
+    # A replay's readings run `speed` times the wall clock: 0.1 s of sampling is 2 recorded seconds at
+    # 20x. Judged by the wall-clock interval, every interval was a gap (coverage ~0.0001, energy ~0).
+    spec = f"replay:{shared_data / SENSORGUARD_RUN}?speed=20"
+    with Monitor(spec, interval_s=0.1, prices=PRICES, say=lambda line: None) as mon:
+        mon.begin_window("w")
+        time.sleep(1.0)
+        m = mon.end_window("w")
+    for dev in m.devices:
+        assert dev.method == "integrated_power"
+        assert dev.span_s == pytest.approx(20.0, abs=4.0)  # recorded seconds
+        assert dev.coverage is not None and dev.coverage > 0.5
