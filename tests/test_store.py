@@ -156,6 +156,23 @@ def test_a_file_that_is_not_a_store_is_an_input_error(tmp_path: Path) -> None:
         Store(bad)
 
 
+def test_one_tick_stamped_in_the_future_does_not_erase_the_history(tmp_path: Path, real: list[Trace]) -> None:
+    """Retention runs on the newest ingested time: a clock set 30 days ahead for one tick (then stepped back
+    by NTP) pruned the whole week of history, and then no more pruning happened for 30 days."""
+    import time
+
+    now = time.time()
+    ticks = _ticks(real, 120, t0=now - 120)  # the last two minutes
+    future = TickBatch(now + 30 * 86400, ticks[0].devices, ticks[0].values)
+    with Store(tmp_path / "f.sqlite", retention_s=7 * 86400, prune_every_s=60) as store:
+        store.ingest_many(ticks[:60])
+        store.ingest(future)
+        for t in ticks[60:]:
+            store.ingest(t)  # each one can trigger the automatic prune
+        kept = {tr.device.uuid: len(tr) for tr in store.query(end=now + 60)}
+    assert kept == {t.device.uuid: 120 for t in real}
+
+
 def _tier_counts(path: Path) -> tuple[int, int]:
     import sqlite3
 
@@ -245,6 +262,25 @@ def test_version_1_store_opens_and_its_rows_get_sealed(tmp_path: Path, real: lis
         hot, blocks = _tier_counts(path)
         assert blocks > 0 and hot < 60 * len(real)
         np.testing.assert_array_equal(store.query()[0]["power"], real[0]["power"][:150])
+
+
+def test_a_version_1_store_reads_read_only(tmp_path: Path, real: list[Trace]) -> None:
+    """An older phasescope's store has no `blocks` table; opened read-only (`verify --since`, `top --store`
+    while that older agent still writes it) every query failed with "no such table: blocks"."""
+    import sqlite3
+
+    path = tmp_path / "v1.sqlite"
+    ticks = _ticks(real, 30, t0=T0 - T0 % 60)  # within one minute: all in the hot tier, as version 1 kept it
+    with Store(path, retention_s=None) as store:
+        store.ingest_many(ticks)
+    with sqlite3.connect(path) as conn:  # what phasescope 1 wrote: rows only, no blocks
+        conn.execute("DROP TABLE blocks")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with Store(path, read_only=True) as store:
+        got = store.query()
+        assert [len(t) for t in got] == [30] * len(real) and store.count() == 30 * len(real)
+        np.testing.assert_array_equal(got[0]["power"], real[0]["power"][:30])
+        assert [t.time[0] for t in store.latest()] == [ticks[-1].time] * len(real)
 
 
 def test_a_damaged_block_is_an_input_error(tmp_path: Path, real: list[Trace]) -> None:

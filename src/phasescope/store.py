@@ -282,6 +282,9 @@ class Store:
                     )
                 newest = float(t.max()) if t.size else None
         if newest is not None and self.retention_s is not None:
+            # On the ingested clock (an old recording loaded does not erase itself), never ahead of the wall
+            # clock: one tick stamped days ahead (a clock set wrong, then stepped back) erased everything.
+            newest = min(newest, time.time())
             if self._last_prune is None:
                 self._last_prune = newest
             elif newest - self._last_prune >= self.prune_every_s:
@@ -475,9 +478,10 @@ class Store:
         )
         # In index order (an SQL sort would copy every blob); write order is restored in Python.
         block_sql = "SELECT id, n, signals, data FROM blocks WHERE device_id = ? AND t1 >= ? AND t0 <= ?"
+        sealed = _has_blocks(conn)
         out = []
         for d in devices:
-            blocks = sorted(conn.execute(block_sql, (ids[d.uuid], lo, hi)).fetchall())
+            blocks = sorted(conn.execute(block_sql, (ids[d.uuid], lo, hi)).fetchall()) if sealed else []
             rows = conn.execute(hot_sql, (ids[d.uuid], lo, hi)).fetchall()
             # One (1 + signals) x n matrix, written once: each signal ends up a contiguous row.
             mat = np.empty((1 + len(wanted), sum(b[1] for b in blocks) + len(rows)))
@@ -507,6 +511,7 @@ class Store:
 
     def _latest(self, conn: sqlite3.Connection, cols: str) -> list[Trace]:
         ids = {r[0]: r[1] for r in conn.execute("SELECT uuid, id FROM devices")}
+        sealed = _has_blocks(conn)
         out = []
         for d in self.devices():
             row = conn.execute(
@@ -516,7 +521,7 @@ class Store:
             block = conn.execute(
                 "SELECT n, signals, data FROM blocks WHERE device_id = ? ORDER BY t1 DESC, id DESC LIMIT 1",
                 (ids[d.uuid],),
-            ).fetchall()
+            ).fetchall() if sealed else []
             arr = np.array(row, dtype=np.float64) if row is not None else None
             if block:
                 mat = np.empty((1 + len(self._signals), block[0][0]))
@@ -568,7 +573,9 @@ class Store:
         """Samples held (hot rows plus sealed block rows)."""
         with self._snapshot() as conn:
             hot = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
-            sealed = conn.execute("SELECT coalesce(sum(n), 0) FROM blocks").fetchone()[0]
+            sealed = 0
+            if _has_blocks(conn):
+                sealed = conn.execute("SELECT coalesce(sum(n), 0) FROM blocks").fetchone()[0]
         return int(hot) + int(sealed)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -604,6 +611,11 @@ class Store:
 
 class _BadBlock(ValueError):
     pass
+
+
+def _has_blocks(conn: sqlite3.Connection) -> bool:
+    """A version-1 store (an older phasescope's, opened read-only: only a writer adds the table) has none."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE name='blocks'").fetchone() is not None
 
 
 def _decode(data: bytes, n: int, width: int) -> FloatArray:

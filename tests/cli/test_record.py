@@ -125,6 +125,25 @@ def test_bad_arguments_give_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not list(tmp_path.iterdir())
 
 
+def test_an_output_or_store_that_cannot_be_made_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o` in a folder that does not exist under a file (or read-only) used to end in a NotADirectoryError
+    traceback from making FILE.partial/, `--store` there in a FileExistsError one (`serve --store` said it
+    in one line already)."""
+    (tmp_path / "file").write_text("x")
+    assert main(["record", "-o", str(tmp_path / "file" / "r.parquet"), "--source", "host", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "r.parquet: --output: expected a path where a new recording can be written" in err
+    out = tmp_path / "r.parquet"
+    store = tmp_path / "file" / "s.sqlite"
+    assert main(["record", "-o", str(out), "--source", "host", "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "s.sqlite: --store: expected a store file that can be created" in err
+    assert not out.exists() and not partial_dir_for(out).exists()
+
+
 def test_default_output_name(tmp_path: Path) -> None:
     from phasescope.cli.record import default_output
 
@@ -195,3 +214,55 @@ def test_a_command_that_ends_before_the_first_sample_keeps_its_exit_code(
     err = capsys.readouterr().err
     assert "nothing recorded: stopped before the first sample" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())  # the empty recording is not left behind
+
+
+def _file_size_limit(limit_bytes: int) -> object:
+    """preexec_fn: a real 'file too large' on write past `limit_bytes` (Python ignores SIGXFSZ), as a full
+    disk would answer."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def test_a_full_disk_is_one_line_and_keeps_what_was_recorded(tmp_path: Path, shared_data: Path) -> None:
+    """A write that failed (disk full) used to end in two tracebacks (the failed tick, then close() failing
+    again on the same pending rows); the partial directory stays and `--recover` finishes it."""
+    out = tmp_path / "r.parquet"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phasescope", "record", "-o", str(out), "--quiet", "--duration", "30",
+         "--source", f"replay:{shared_data / RUN}?speed=10"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        preexec_fn=_file_size_limit(12_000),
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    partial = partial_dir_for(out)
+    assert last.startswith(f"phasescope: {partial}: writing the recording: expected room to write")
+    assert f"'phasescope record --recover {partial}'" in last
+    assert last.endswith("got 'File too large'")
+    assert main(["record", "--recover", str(partial)]) == 0
+    assert min(len(t) for t in read_recording(out)) >= 5  # the ticks written before the disk filled
+
+
+def test_a_store_that_cannot_be_written_stops_the_store_not_the_recording(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    """`record --store` on a full disk used to stop the recording with a traceback (sqlite3 disk I/O
+    error); the recording is what was asked for: it goes on, the store keeps what it had."""
+    from phasescope.store import Store
+
+    out, db = tmp_path / "r.parquet", tmp_path / "live.sqlite"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phasescope", "record", "-o", str(out), "--quiet", "--duration", "4",
+         "--source", f"replay:{shared_data / RUN}?speed=10", "--store", str(db)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        preexec_fn=_file_size_limit(100_000),
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "new samples are not stored; the recording goes on" in proc.stderr
+    recorded = sum(len(t) for t in read_recording(out))
+    with Store(db, read_only=True) as store:
+        assert 0 < store.count() < recorded

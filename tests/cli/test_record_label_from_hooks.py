@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from phasescope.classify import train
@@ -88,3 +89,55 @@ def test_recording_stops_when_the_command_exits(tmp_path: Path) -> None:
     manifest = read_manifest(tmp_path / "x.parquet")
     assert 0.5 <= manifest["duration_s"] <= 10
     assert not (tmp_path / "labels.csv").exists()  # no --label-from-hooks: no labels
+
+
+def test_a_phase_without_a_sample_is_left_out_of_the_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Train, then a short evaluation between two ticks (0.1 s at the default 1 s interval): the row of that
+    evaluation held no sample, and `phasescope eval` / `train-model` then refused the whole labels.csv."""
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from phasescope.cli.record import _write_labels
+    from phasescope.instrument import events as ev
+    from phasescope.instrument.hooks import Recorder
+    from phasescope.instrument.labels import label_rows
+    from phasescope.recording import RecordingWriter
+    from phasescope.schema import SIGNAL_NAMES, DeviceInfo
+    from phasescope.sources.base import TickBatch
+
+    events = tmp_path / "events"
+    rec = Recorder(events, flush_s=0)
+    rec.install()
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(20):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            for _ in range(4):
+                model(torch.randn(2, 4))
+    finally:
+        rec.uninstall()
+    device = DeviceInfo(uuid=ev.device_for_host(), name="cpu", index=0)
+    train_row, eval_row = label_rows(events, "r.parquet", [device])
+    t0, t1 = float(train_row["t_from"]), float(train_row["t_to"])
+    out = tmp_path / "r.parquet"
+    writer = RecordingWriter(out, source_spec="host", interval_s=1.0)
+    # Ticks inside the training span, then one after the evaluation: none inside the evaluation's span.
+    for t in [t0, (t0 + t1) / 2, float(eval_row["t_to"]) + 1.0]:
+        values = np.full((1, len(SIGNAL_NAMES)), 0.5)
+        writer.write(TickBatch(t, [device], values))
+    writer.close()
+    _write_labels(events, out, writer, "mlp")
+    err = capsys.readouterr().err
+    assert "1 phase(s) left out of the labels, no sample inside (inference" in err
+    with open(tmp_path / "labels.csv", newline="") as fh:
+        assert [r["label"] for r in csv.DictReader(fh)] == ["training"]
+    examples = train.load_data([str(tmp_path)])  # what eval and train-model read: no row refused
+    assert [e.label for e in examples] == ["training"]

@@ -56,3 +56,39 @@ def test_otlp_probabilities_carry_the_pod_of_each_gpu(
     assert by_gpu["GPU-training"] == ("llm-train-0", "research")
     assert by_gpu["GPU-inference"] == by_gpu["GPU-idle"] == ("", "")
     exp.shutdown()
+
+
+def test_a_collector_base_url_gets_the_metrics_path(
+    fleet_traces: dict[str, Trace], model: PhaseModel
+) -> None:
+    """`fleet --serve --otlp-endpoint http://collector:4318`: the OTLP/HTTP exporter posts to the URL exactly
+    as given, so every push went to `/` and the collector answered 404 (logged, nothing ever arrived)."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.http_helpers import serving
+
+    from phasescope.errors import InputError
+
+    posted: list[str] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            posted.append(self.path)
+            self.send_response(200 if self.path == "/v1/metrics" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    vs = judge_all(fleet_traces.values(), model)
+    with serving(Collector) as url:
+        for endpoint in (url, url + "/", url + "/v1/metrics"):
+            exp = OtlpFleetExporter.to_endpoint(endpoint, interval_s=3600.0)
+            exp.update(ScanResult(0.0, 1.0, vs, FetchStats(), 0.1, 0.1, model.version))
+            exp.provider.force_flush(5000)
+            exp.shutdown()
+    assert posted and set(posted) == {"/v1/metrics"}
+    with pytest.raises(InputError, match=r"^collector:4318: OTLP endpoint: expected an http:// or https://"):
+        OtlpFleetExporter.to_endpoint("collector:4318")

@@ -59,3 +59,25 @@ def test_device_not_in_recording_is_left_out(tmp_path: Path) -> None:
     assert label_rows(tmp_path / "events", "x.parquet", devices) == []
     # A one-device recording takes the CPU process's segments.
     assert len(label_rows(tmp_path / "events", "x.parquet", devices[:1])) == 1
+
+
+def test_appending_keeps_a_site_table_readable(tmp_path: Path) -> None:
+    """`record --label-from-hooks` appends to the labels.csv beside the recording. A hand-edited table used to
+    be corrupted: its unterminated last line swallowed the first new row, and under a header of other columns
+    (only the required `path,label`, or another order) the new values landed in the wrong columns."""
+    row = {c: "" for c in LABEL_COLUMNS} | {"path": "new.parquet", "gpu_index": 0, "t_from": "1.000",
+                                             "t_to": "2.000", "label": "training", "run": "new"}
+    out = tmp_path / "labels.csv"
+    out.write_text("path,gpu_index,t_from,t_to,label\r\nold.parquet,0,5,6,idle")  # no final line break
+    write_labels_csv([row], out)
+    with open(out, newline="") as fh:
+        read = list(csv.DictReader(fh))
+    assert [(r["path"], r["label"]) for r in read] == [("old.parquet", "idle"), ("new.parquet", "training")]
+    assert read[1]["t_from"] == "1.000" and read[1]["run"] == "new" and read[0]["run"] == ""
+
+    out.write_text("\ufefflabel,path\nidle,old.parquet\n")  # the required columns only, in another order
+    write_labels_csv([row], out)
+    with open(out, newline="") as fh:
+        read = list(csv.DictReader(fh))
+    assert [(r["path"], r["label"], r["t_to"]) for r in read] == [
+        ("old.parquet", "idle", ""), ("new.parquet", "training", "2.000")]

@@ -251,3 +251,32 @@ def test_run_scrapes_a_server_while_the_command_runs(shared_data: Path, metrics_
     assert k["engine"] == "vllm" and k["basis"] == "window" and files.served >= 2
     assert k["requests"] == 0 and k["requests_per_s"] == 0  # the captured server did nothing meanwhile
     assert "vllm at" in proc.stderr
+
+
+def test_a_capture_without_type_lines_gives_the_same_kpis(shared_data: Path) -> None:
+    """`curl -s URL/metrics | grep -v '^#' > m.txt` drops the `# TYPE` lines: every sample name then parsed
+    as an untyped family of its own, and `scrape m.txt` silently lost requests, latency and tokens."""
+    text = (shared_data / VLLM_V0V1).read_text()
+    bare = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    (k,) = server_kpis(parse_text(bare, "bare"))
+    (want,) = server_kpis(parse_text(text, "bare"))
+    assert k == want and k["requests"] == 1 and k["latency_s"] is not None and k["generated_tokens"] > 0
+    with pytest.raises(InputError, match=r"^bad: vllm:e2e_request_latency_seconds_bucket le: expected a num"):
+        parse_text('vllm:e2e_request_latency_seconds_bucket{le="soon"} 3\n', "bad")
+
+
+def test_a_restart_between_scrapes_counts_from_zero_even_past_the_old_totals(shared_data: Path) -> None:
+    """A server that restarted and has since served more than before its restart: every counter is higher
+    than in the first scrape, so only the process start time shows the reset; the window used to report
+    the difference (here none at all) instead of everything since the restart."""
+    text = (shared_data / VLLM_V0V1).read_text()
+    before = parse_text(text, "before", t=100.0)
+    restarted = re.sub(r"^process_start_time_seconds .*$", "process_start_time_seconds 1.8e+09", text,
+                       flags=re.M)
+    after = parse_text(restarted, "after", t=110.0)
+    (k,) = server_kpis(after, before)
+    (since_start,) = server_kpis(after)
+    assert k["basis"] == "window" and k["requests"] == since_start["requests"] == 1
+    assert k["latency_s"] == since_start["latency_s"] and k["requests_per_s"] == pytest.approx(0.1)
+    (same,) = server_kpis(parse_text(text, "again", t=110.0), before)  # no restart: nothing happened
+    assert same["requests"] == 0 and same["latency_s"] is None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -16,7 +18,7 @@ from typing import Any
 import click
 
 from phasescope.cli.run import CommandNotFound, _tty_foreground
-from phasescope.errors import SourceError
+from phasescope.errors import InputError, SourceError
 from phasescope.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
 from phasescope.sampler import MIN_INTERVAL_S, Sampler, until_played_out
 from phasescope.schema import PAPER_SIGNALS
@@ -25,6 +27,10 @@ from phasescope.sources.open import SPEC_HELP, open_source
 
 DEFAULT_INTERVAL_S = 1.0
 PROGRESS_EVERY_S = 0.25
+
+
+class RecordingWriteError(InputError):
+    """The recording could not be written (disk full): what was written stays in FILE.partial/."""
 
 
 def default_output(now: float | None = None) -> Path:
@@ -187,8 +193,16 @@ def command(
         if store_path is not None:  # before the recording file: a store another process writes is refused
             from phasescope.store import open_for_writing
 
-            store = open_for_writing(store_path)
-        writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
+            try:
+                store = open_for_writing(store_path)
+            except OSError as exc:  # its folder cannot be made (a file in the way, read-only): as serve says
+                raise InputError(store_path, "--store", "a store file that can be created and written",
+                                 exc.strerror or str(exc)) from None
+        try:
+            writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
+        except OSError as exc:  # its FILE.partial/ directory cannot be made (no such folder, read-only)
+            raise InputError(path, "--output", "a path where a new recording can be written",
+                             exc.strerror or str(exc)) from None
         if not cmd:
             _record(source, Sampler(source, interval), writer, duration, not quiet, path, store=store)
             return
@@ -227,6 +241,9 @@ def _record_command(cmd: list[str], source: Any, sampler: Any, writer: Recording
         try:
             _record(source, sampler, writer, duration, progress_on, path, stop=stop, child=child, store=store)
             recorded = True
+        except RecordingWriteError as exc:
+            # Said at once; CMD runs on (it is not the recorder's to stop) and its exit code stays record's.
+            click.echo(f"phasescope: {exc}", err=True)
         except SourceError as exc:
             if child.poll() is None:
                 raise
@@ -240,7 +257,8 @@ def _record_command(cmd: list[str], source: Any, sampler: Any, writer: Recording
 
 
 def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family: str) -> None:
-    from phasescope.instrument.labels import label_rows, write_labels_csv
+    from phasescope.instrument.labels import label_rows, split_unsampled, write_labels_csv
+    from phasescope.recording import read_recording
 
     seen = [s for s in PAPER_SIGNALS if s not in set(writer.missing_signals())]
     rate = f"{1.0 / writer.interval_s:g}" if writer.interval_s else ""
@@ -250,6 +268,14 @@ def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family:
     if not rows:
         click.echo("phasescope: no labels: the command's hooks saw no PyTorch forward or step on a recorded "
                    "device", err=True)
+        return
+    times = {t.device.uuid: t.time for t in read_recording(path)}
+    rows, dropped = split_unsampled(rows, writer.devices, times)
+    if dropped:
+        spans = ", ".join(f"{r['label']} {float(r['t_to']) - float(r['t_from']):.1f} s" for r in dropped)
+        click.echo(f"phasescope: {len(dropped)} phase(s) left out of the labels, no sample inside ({spans}): "
+                   "a shorter --interval samples them", err=True)
+    if not rows:
         return
     write_labels_csv(rows, labels)
     phases = ", ".join(f"{r['label']} {float(r['t_to']) - float(r['t_from']):.1f} s" for r in rows)
@@ -262,13 +288,24 @@ def _record(
 ) -> None:
     progress = _Progress(writer, progress_on)
     stop = stop or threading.Event()
+    write_failed: list[OSError] = []
 
     def on_tick(batch: TickBatch) -> None:
+        nonlocal store
         for event in batch.events:
             progress.say(event)
-        writer.write(batch)
+        try:
+            writer.write(batch)
+        except OSError as exc:  # disk full, a file size limit: stop; what is already written stays
+            write_failed.append(exc)
+            stop.set()
+            return
         if store is not None:
-            store.ingest(batch)
+            try:
+                store.ingest(batch)
+            except sqlite3.Error as exc:  # disk full: the recording is what was asked for, it goes on
+                progress.say(f"store {store.path}: {exc}: new samples are not stored; the recording goes on")
+                store = None
         progress.update()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -300,7 +337,18 @@ def _record(
         if writer.ticks == 0:
             writer.discard()
             raise SourceError("nothing recorded: stopped before the first sample")
-        manifest = writer.close()
+        if not write_failed:
+            try:
+                manifest = writer.close()
+            except OSError as exc:
+                write_failed.append(exc)
+    if write_failed:
+        partial = partial_dir_for(path)
+        raise RecordingWriteError(
+            partial, "writing the recording",
+            f"room to write (the samples written so far are kept: once there is room, finish them with "
+            f"'phasescope record --recover {partial}')",
+            os.strerror(write_failed[0].errno) if write_failed[0].errno else str(write_failed[0]))
     click.echo(f"phasescope: {_summary(manifest, path)}", err=True)
 
 

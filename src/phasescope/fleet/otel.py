@@ -12,8 +12,9 @@ import math
 import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
-from phasescope.errors import SourceError
+from phasescope.errors import InputError, SourceError
 from phasescope.fleet.summary import summary
 from phasescope.schema import PHASES
 
@@ -91,7 +92,14 @@ class OtlpFleetExporter:
 
     @classmethod
     def to_endpoint(cls, endpoint: str, interval_s: float = 60.0) -> OtlpFleetExporter:
+        """Push every `interval_s` to an OTLP/HTTP collector: its base URL (`http://collector:4318`, the
+        metrics path `/v1/metrics` is added) or the full metrics URL (any other path is kept)."""
         sdk_metrics = _sdk()
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InputError(endpoint, "OTLP endpoint", "an http:// or https:// URL, e.g. http://collector:4318")
+        if parts.path in ("", "/"):  # posted to as given, a bare collector URL answers 404
+            endpoint = urlunsplit(parts._replace(path="/v1/metrics"))
         try:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         except ImportError:

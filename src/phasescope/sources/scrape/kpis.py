@@ -71,6 +71,13 @@ def _hist_sum(s: Scrape | None, name: str | None) -> float | None:
     return None if h is None else h.sum
 
 
+def _restarted(cur: Scrape, prev: Scrape) -> bool:
+    """The server restarted between the scrapes (its process start time moved: vLLM and other Python servers
+    export it). A counter that has since climbed past its old value looks like a small increase otherwise."""
+    a, b = cur.value("process_start_time_seconds"), prev.value("process_start_time_seconds")
+    return a is not None and b is not None and a != b
+
+
 def _models(s: Scrape, e: EngineMetrics) -> list[str]:
     if not e.model_label:
         return []
@@ -83,6 +90,8 @@ def engine_kpis(e: EngineMetrics, cur: Scrape, prev: Scrape | None) -> dict[str,
         window = cur.t - prev.t
     else:
         prev = None  # without a time between them, two scrapes give no rate: report since start
+    if prev is not None and _restarted(cur, prev):
+        prev = None  # every count restarted from zero inside the window: all of cur's happened in it
 
     def counter(name: str | None) -> float | None:
         if name is None:

@@ -124,7 +124,34 @@ def parse_text(text: str, where: str = "<metrics>", t: float | None = None) -> S
     if not scrape.samples:
         raise InputError(where, "metrics text", "at least one Prometheus sample",
                          f"{len(text.splitlines())} lines without one")
+    _fold_untyped(scrape)
     return scrape
+
+
+def _fold_untyped(scrape: Scrape) -> None:
+    """Without its `# TYPE` lines (a capture saved through `grep -v '^#'`) every sample name parses as an
+    untyped family of its own: put a counter's `_total` and a histogram's `_bucket`/`_count`/`_sum` back
+    under the family name the engines' KPIs look up."""
+    untyped = [n for n, t in scrape.types.items() if t == "unknown"]
+    for name in untyped:
+        base = name.removesuffix("_bucket")
+        rows = scrape.samples.get(name, [])
+        if base == name or base in scrape.samples or not all("le" in lab for _, lab, _ in rows):
+            continue
+        if not all(_is_number(lab["le"]) for _, lab, _ in rows):
+            raise InputError(scrape.where, f"{name} le", "a number (the bucket's upper bound)",
+                             next(lab["le"] for _, lab, _ in rows if not _is_number(lab["le"])))
+        for part in (name, base + "_count", base + "_sum"):
+            if scrape.types.get(part) == "unknown":
+                del scrape.types[part]
+                scrape.samples.setdefault(base, []).extend(scrape.samples.pop(part))
+        scrape.types[base] = "histogram"
+    for name in untyped:
+        base = name.removesuffix("_total")
+        if base != name and scrape.types.get(name) == "unknown" and base not in scrape.samples:
+            del scrape.types[name]
+            scrape.samples[base] = scrape.samples.pop(name)
+            scrape.types[base] = "counter"
 
 
 def _is_number(text: str | None) -> bool:
