@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -25,6 +26,8 @@ from phasescope.instrument.analysis import summarize
 from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
 from phasescope.instrument.run_report import print_summary, render_html
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.scrape.poller import Poller
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -35,16 +38,24 @@ class CommandNotFound(PhasescopeError):
 
 
 class DeviceWatch:
-    """Samples `--source` on a thread while the command runs; a failure becomes a note, never an error."""
+    """Samples `--source` on a thread while the command runs; a failure becomes a note, never an error.
 
-    def __init__(self, spec: str, interval: float) -> None:
+    Energy is `kpi/energy.py`'s: one `FleetEnergyMeter` fed every tick, as `top`/`serve` and
+    `phasescope.measure` meter it (the energy counter where a device has one, resets bridged by power; else
+    power integrated only across intervals within `gap_factor` sample periods, the period learnt on the
+    readings' own clock), so a run's figure is what `phasescope cost energy` gives on the same samples, with
+    the same method and coverage. Utilisation, memory and power are running figures: constant memory however
+    long the command runs.
+    """
+
+    def __init__(self, spec: str, interval: float, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
         self.spec = spec
         self.interval = interval
         self.stop = threading.Event()
-        self.times: list[float] = []
-        self.values: list[np.ndarray] = []
-        self.devices: list[Any] = []
+        self.meter = FleetEnergyMeter(gap_factor=gap_factor)
+        self.stats: dict[str, _DeviceStats] = {}  # uuid -> running figures, in the order devices appeared
         self.notes: list[str] = []
+        self._lock = threading.Lock()  # finish() may read while a late tick is still being taken
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -53,15 +64,17 @@ class DeviceWatch:
         self._thread = threading.Thread(target=self._run, name="phasescope-watch", daemon=True)
         self._thread.start()
 
-    def _on_tick(self, tick: Any) -> None:
+    def _on_tick(self, tick: TickBatch) -> None:
         for event in tick.events:  # e.g. a GPU lost mid-run: the summary says so, once
             if f"device: {event}" not in self.notes:
                 self.notes.append(f"device: {event}")
-        if not self.devices:
-            self.devices = list(tick.devices)
-        if [d.uuid for d in tick.devices] == [d.uuid for d in self.devices]:
-            self.times.append(float(tick.time))
-            self.values.append(np.asarray(tick.values, dtype=np.float64))
+        with self._lock:
+            self.meter.update(tick)
+            for row, dev in enumerate(tick.devices):
+                stats = self.stats.get(dev.uuid)
+                if stats is None:
+                    stats = self.stats[dev.uuid] = _DeviceStats(dev.name)
+                stats.add(tick.values[row])
 
     def _run(self) -> None:
         try:
@@ -87,29 +100,54 @@ class DeviceWatch:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-        if not self.values:
-            return {"source": self.spec, "devices": []}
-        from phasescope.sources.base import SIGNAL_COLUMN
-
-        t = np.asarray(self.times)
-        v = np.stack(self.values)  # (ticks, devices, signals)
-        out = []
-        for i, dev in enumerate(self.devices):
-            col = v[:, i, :]
-
-            def stat(name: str, fn: Any, c: np.ndarray = col) -> float | None:
-                x = c[:, SIGNAL_COLUMN[name]]
-                x = x[np.isfinite(x)]
-                return float(fn(x)) if x.size else None
-
-            power = col[:, SIGNAL_COLUMN["power"]]
-            ok = np.isfinite(power)
-            p_ok, t_ok = power[ok], t[ok]
-            energy = float(np.sum(0.5 * (p_ok[1:] + p_ok[:-1]) * np.diff(t_ok))) if p_ok.size > 1 else None
-            out.append({"uuid": dev.uuid, "name": dev.name, "samples": int(t.size),
-                        "gpu_util_mean": stat("gpu_util", np.mean), "mem_used_max": stat("mem_used", np.max),
-                        "power_mean": stat("power", np.mean), "energy_j": energy})
+        with self._lock:
+            if not self.stats:
+                return {"source": self.spec, "devices": []}
+            energy = {r.device: r for r in self.meter.results()}
+            out, partial = [], []
+            for uuid, stats in self.stats.items():
+                e = energy[uuid]
+                row = e.to_dict()
+                for key in ("device", "name", "phases"):  # said once per device; no phase split here
+                    del row[key]
+                if e.method == "none":  # no power or energy signal: unknown, never 0 J
+                    row["joules"] = row["kwh"] = None
+                elif e.span_s > 0 and e.covered_s < e.span_s - 1e-9:
+                    partial.append(f"{uuid} {e.coverage:.0%} of {e.span_s:.3g} s")
+                out.append({"uuid": uuid, "name": stats.name, **stats.to_dict(),
+                            "energy_j": row["joules"], "energy": row})
+        if partial:  # one line however many GPUs: the per-device coverage is in the table and the JSON
+            self.notes.append("energy covers only part of the time watched (readings missing or too far "
+                              f"apart to bridge; not guessed): {', '.join(partial)}")
         return {"source": self.spec, "interval_s": self.interval, "devices": out}
+
+
+class _DeviceStats:
+    """Ticks seen, mean utilisation, peak memory and mean power of one device, from the finite readings."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ticks = 0
+        self.util = [0.0, 0]  # sum, count
+        self.power = [0.0, 0]
+        self.mem_max: float | None = None
+
+    def add(self, values: np.ndarray) -> None:
+        self.ticks += 1
+        util, power, mem = (float(values[SIGNAL_COLUMN[s]]) for s in ("gpu_util", "power", "mem_used"))
+        for acc, x in ((self.util, util), (self.power, power)):
+            if math.isfinite(x):
+                acc[0] += x
+                acc[1] += 1
+        if math.isfinite(mem):
+            self.mem_max = mem if self.mem_max is None else max(self.mem_max, mem)
+
+    def to_dict(self) -> dict[str, Any]:
+        def mean(acc: list[float]) -> float | None:
+            return acc[0] / acc[1] if acc[1] else None
+
+        return {"samples": self.ticks, "gpu_util_mean": mean(self.util), "mem_used_max": self.mem_max,
+                "power_mean": mean(self.power)}
 
 
 def _tty_foreground() -> bool:
@@ -185,11 +223,15 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
         check_writable(path, option)
     if source.strip().lower() == "none":  # as the other kinds: any case, spaces around
         source = "none"
+    gap_factor = DEFAULT_GAP_FACTOR
     if source != "none":  # a typo is refused now; a source that fails while running is only a note
+        from phasescope import config as configmod
         from phasescope.sources.open import check_spec
 
         check_spec(source)
-    watch = DeviceWatch(source, interval)
+        # The config's gap rule, as `cost energy` and `top` apply it: the same samples, the same figure.
+        gap_factor = configmod.load(None).thresholds.energy_gap_factor
+    watch = DeviceWatch(source, interval, gap_factor)
     with contextlib.ExitStack() as stack:
         if events_path:
             events_dir = Path(events_path)

@@ -93,6 +93,25 @@ def print_servers(servers: Sequence[dict[str, Any]], console: Console) -> None:
         console.print(table)
 
 
+TELEMETRY_COLUMNS = ("device", "samples", "mean util", "max memory", "mean power", "energy", "method",
+                     "coverage")
+
+
+def telemetry_rows(tel: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per watched device. Energy is kpi/energy.py's (`DeviceWatch`): its method, and the share of
+    the watched span it covers; a device without a power or energy signal reads "not measured", never 0 J."""
+    out: list[tuple[str, ...]] = []
+    for d in tel.get("devices") or []:
+        e = d.get("energy") or {}
+        joules = d.get("energy_j")
+        energy = "not measured" if joules is None else f"{joules:,.0f} J"
+        coverage = "-" if joules is None or e.get("coverage") is None else _fmt(float(e["coverage"]), "%")
+        out.append((d["uuid"], str(d["samples"]), _fmt(d.get("gpu_util_mean"), "%"),
+                    _fmt(d.get("mem_used_max"), "B"), _fmt(d.get("power_mean"), " W"), energy,
+                    str(e.get("method", "-")), coverage))
+    return out
+
+
 def _rows(proc: dict[str, Any]) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     generation = (proc.get("inference") or {}).get("generation")
@@ -123,6 +142,18 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
         console.print(kpi)
         for w in proc["warnings"]:
             console.print(f"[bold yellow]warning[/]: {escape(w['message'])}")
+    tel = doc.get("telemetry") or {}
+    if tel.get("devices"):
+        # The terminal's table leaves out samples and memory (in the JSON and the HTML) to fit 80 columns.
+        keep = [TELEMETRY_COLUMNS.index(c) for c in ("device", "energy", "method", "coverage", "mean power",
+                                                      "mean util")]
+        table = Table(title="device telemetry", title_justify="left")
+        for i in keep:
+            table.add_column(TELEMETRY_COLUMNS[i], overflow="fold" if i == 0 else "ellipsis",
+                             no_wrap=i != 0)
+        for cells in telemetry_rows(tel):
+            table.add_row(*(escape(cells[i]) for i in keep))
+        console.print(table)
     print_servers(doc.get("servers") or [], console)
     for note in doc.get("notes") or []:
         console.print(f"note: {escape(note)}")
@@ -172,10 +203,7 @@ def render_html(doc: dict[str, Any]) -> str:
     tel = doc.get("telemetry") or {}
     if tel.get("devices"):
         parts.append("<h2>Device telemetry</h2>")
-        parts.append(_table(("device", "samples", "mean util", "max memory", "mean power", "energy"),
-                            [(d["uuid"], str(d["samples"]), _fmt(d.get("gpu_util_mean"), "%"),
-                              _fmt(d.get("mem_used_max"), "B"), _fmt(d.get("power_mean"), " W"),
-                              _fmt(d.get("energy_j"), " J")) for d in tel["devices"]]))
+        parts.append(_table(TELEMETRY_COLUMNS, telemetry_rows(tel)))
     for srv in doc.get("servers") or []:
         parts.append(f"<h2>Serving engine: {html.escape(server_title(srv))}</h2>")
         parts.append(_table(("KPI", "value"), server_rows(srv)))
