@@ -31,6 +31,11 @@ from phasescope.serve import metric_names as mn
 # Device limits the features use (power limit, memory size): one instant value per device is enough.
 LIMIT_SIGNALS = ("power_limit", "mem_total")
 GPU_INFO = mn.GPU_INFO.name  # the agent's MIG parent and profile per device (serve/metric_names.py)
+# Series the dcgm-exporter compat rules derive from the agent's own (deploy/prometheus/dcgm_compat.yml):
+# the fleet reads the agent's series themselves, so these would only double the queries, and a MIG
+# instance the agent names `GPU-.../giN` would come back as a second device keyed `.../giN/giN`. (The
+# limits query keeps them: its answers count only for devices found here, agent values first.)
+COMPAT_EXCLUDE = 'exporter!="phasescope-compat"'
 
 
 @dataclass
@@ -53,8 +58,9 @@ class _Device:
 
     @property
     def ident(self) -> str:
-        """The value of its naming label: the key without a dcgm-exporter MIG instance's `/giN`."""
-        return self.key.split("/gi")[0]
+        """The value of its naming label: dcgm-exporter's UUID is the key without a MIG instance's `/giN`,
+        while an agent replaying a dcgm-exporter scrape names an instance `GPU-.../giN` in full."""
+        return self.labels.get(self.label_name) or self.key.split("/gi")[0]
 
     @property
     def gpu(self) -> str:
@@ -75,7 +81,7 @@ def discover(
     client: PromClient, start: float, end: float, selector: str = "", mmap: names.MetricMap | None = None
 ) -> list[_Device]:
     mmap = mmap or names.metric_map()
-    match = _matchers(f'__name__=~"{mmap.name_regex()}"', selector_body(selector))
+    match = _matchers(f'__name__=~"{mmap.name_regex()}"', COMPAT_EXCLUDE, selector_body(selector))
     devices: dict[str, _Device] = {}
     for labels in client.series(match, start, end):
         key = names.device_key(labels)
@@ -284,7 +290,7 @@ def fetch_batch(client: PromClient, plan: FetchPlan, batch: list[_Device]) -> tu
     label = batch[0].label_name
     regex = "|".join(sorted({escape_regex(d.ident) for d in batch}))
     metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in plan.mmap.metrics}))
-    query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', plan.selector_body)
+    query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', COMPAT_EXCLUDE, plan.selector_body)
     series = client.query_range(query, plan.start, plan.end, plan.step)
     samples = sum(s.time.size for s in series)
     traces = build_traces(batch, series, plan.start, plan.step, plan.n_points, plan.mmap, plan.limits)
