@@ -51,6 +51,7 @@ def test_money_durations_and_si_counts() -> None:
     assert fmt_usd(None) == MISSING and fmt_usd(math.nan) == MISSING
     assert fmt_seconds(0.00042) == "420 µs" and fmt_seconds(0.0042) == "4.2 ms"
     assert fmt_seconds(0.042) == "42 ms" and fmt_seconds(42.0) == "42.0 s"
+    assert fmt_seconds(0.0) == "0 s"  # e.g. a report segment from the trace's start, not "0 µs"
     assert fmt_seconds(600) == "10.0 m" and fmt_seconds(9000) == "2.5 h" and fmt_seconds(math.inf) == MISSING
     assert fmt_si(987) == "987" and fmt_si(40217.3) == "40.2k" and fmt_si(1.35e6) == "1.35M"
     assert fmt_si(0.25) == "0.25" and fmt_si(None) == MISSING

@@ -582,3 +582,46 @@ def test_history_gives_the_phase_before_the_first_sample_then_live_ticks_follow(
     assert state.ticks >= 2 and len(times) == HISTORY_ROWS + 1 + state.ticks
     assert np.isnan(util[HISTORY_ROWS]) and gap_from < times[HISTORY_ROWS] < times[HISTORY_ROWS + 1]
     assert np.all(np.diff(times) > 0)
+
+
+def test_a_new_sample_keeps_where_the_user_scrolled(gemm: list[Trace]) -> None:
+    """Each redraw cleared the table, and clearing scrolls home: on a narrow terminal → showed the power,
+    energy and notes columns for at most one tick, and PgDn through many devices jumped back. A new sample
+    now keeps the view where the user put it."""
+    from dataclasses import replace
+
+    many = [Trace(replace(gemm[1].device, uuid=f"GPU-copy-{i}", index=i), gemm[1].time, gemm[1].columns,
+                  gemm[1].meta) for i in range(30)]
+    batches = list(ticks(many, 0, 40))
+    state = LiveState("replay")
+    for batch in batches[:30]:
+        state.ingest(batch)
+    app = TopApp(state, None, refresh_s=0.05)
+
+    async def go() -> None:
+        async with app.run_test(size=(60, 14)) as pilot:
+            table = app.query_one("#table", DataTable)
+            for _ in range(30):
+                await pilot.press("right")
+            await pilot.press("pagedown", "pagedown")
+            await pilot.pause(0.2)
+            where = (table.scroll_x, table.scroll_y)
+            assert where[0] > 0 and where[1] > 0
+            for batch in batches[30:33]:
+                state.ingest(batch)
+                await pilot.pause(0.2)
+            assert app.shown_rows and app._drawn is not None and app._drawn[0] == state.version  # redrawn
+            assert (table.scroll_x, table.scroll_y) == where
+
+    _run(go)
+
+
+def test_plain_table_shows_brackets_in_paths_and_names_as_text(gemm: list[Trace]) -> None:
+    """`top --once` over "replay:/logs/run[/]x.csv" died with rich's MarkupError: the status line (the
+    table's caption) was read as markup. It is plain text now, as in the app."""
+    state = _busy_state(gemm)
+    state.note("replaying /logs/odd[/]dir/run[red].csv at 1x")
+    console = Console(width=400, record=True)
+    console.print(render_table(state, web_url="http://[::1]:9464/"))
+    text = console.export_text()
+    assert "odd[/]dir/run[red].csv" in text and "http://[::1]:9464/" in text

@@ -148,6 +148,8 @@ def fmt_seconds(value: float | None) -> str:
     if not _finite(value):
         return MISSING
     v = float(value)  # type: ignore[arg-type]
+    if v == 0:  # a span from the start, a one-sample trace: "0 s", not "0 µs"
+        return "0 s"
     if abs(v) < 1e-3:
         return f"{v * 1e6:.0f} µs"
     if abs(v) < 0.01:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from textual import events
@@ -149,18 +150,23 @@ class TopApp(App[None]):
         key = (self.state.version, self.sort, self.filter_text)
         if key == self._drawn and not force:
             return
+        same_view = self._drawn is not None and key[1:] == self._drawn[1:]  # only new samples
         self._drawn = key
         selected = None
         if table.row_count and 0 <= table.cursor_row < len(self.shown_rows):
             selected = self.shown_rows[table.cursor_row].key
+        scroll = (table.scroll_x, table.scroll_y)
         rows = self.state.rows(self.sort, self.filter_text)
-        table.clear()
+        table.clear()  # which also scrolls home
         for row in rows:
             table.add_row(*styled_cells(row), key=row.key)
         self.shown_rows = rows
         keys = [r.key for r in rows]
         if selected in keys:
-            table.move_cursor(row=keys.index(selected))
+            table.move_cursor(row=keys.index(selected), scroll=not same_view)
+        # A new sample must not undo the user's scrolling (→ to the right-hand columns of a narrow terminal,
+        # PgDn through many rows); a new sort or filter shows the cursor's row instead.
+        table.scroll_to(x=scroll[0], y=scroll[1] if same_view else None, animate=False, immediate=True)
 
     # ---- actions ----
 
@@ -227,15 +233,41 @@ def styled_cells(row: Row) -> list[Text]:
     return out
 
 
+# Columns a narrow terminal drops first, in this order; device, phase, util, memory, power, energy and
+# notes (NO DATA, IDLE·HELD, MIG) always stay.
+NARROW_DROP: tuple[str, ...] = ("spark_power", "spark_util", "pcie", "clocks", "temp", "kpi")
+_NEVER_WRAP = frozenset({"phase", "spark_util", "spark_power"})  # a badge, block characters
+
+
 def render_table(
-    state: LiveState, sort: str = "order", filter_text: str = "", web_url: str | None = None
+    state: LiveState, sort: str = "order", filter_text: str = "", web_url: str | None = None,
+    width: int | None = None,
 ) -> Table:
     """The same table as the app, as one rich Table (for --once / --plain and logs); a dashboard served
-    beside it (`web_url`) is named in the title of every table, as in the app's header."""
-    title = "phasescope" + (f" · dashboard {web_url}" if web_url else "")
-    table = Table(title=title, caption=state.status_line(), caption_justify="left", expand=False)
-    for col in COLUMNS:
-        table.add_column(col.title, no_wrap=True)
-    for row in state.rows(sort, filter_text):
-        table.add_row(*styled_cells(row))
-    return table
+    beside it (`web_url`) is named in the title of every table, as in the app's header.
+
+    `width` (a terminal's columns): the table drops NARROW_DROP columns until it fits, and says so in
+    its title, rather than letting rich squeeze every column (the phase shrank to nothing at 80 columns).
+    """
+    cells = [styled_cells(row) for row in state.rows(sort, filter_text)]
+    status = state.status_line()
+    hidden: list[str] = []
+    while True:
+        shown = [i for i, col in enumerate(COLUMNS) if col.key not in hidden]
+        title = "phasescope" + (f" · dashboard {web_url}" if web_url else "")
+        if hidden:
+            title += f" · {len(hidden)} column(s) hidden: widen the terminal to see them"
+        # Text, not a str: rich would read "[/]" or "[red]" in a path or device name as markup (and raise).
+        table = Table(title=Text(title), caption=Text(status), caption_justify="left", expand=False)
+        for i in shown:  # fitted: a cell may wrap at its spaces rather than be cut to "…"
+            table.add_column(COLUMNS[i].title, no_wrap=width is None or COLUMNS[i].key in _NEVER_WRAP)
+        for row_cells in cells:
+            table.add_row(*(row_cells[i] for i in shown))
+        if width is None or len(hidden) == len(NARROW_DROP) or _natural_width(table) <= width:
+            return table
+        hidden.append(NARROW_DROP[len(hidden)])
+
+
+def _natural_width(table: Table) -> int:
+    """Columns the table takes when nothing limits it."""
+    return Console(width=100_000).measure(table).maximum

@@ -25,6 +25,7 @@ def test_report_of_two_files_with_prices_from_config(shared_data: Path, tmp_path
     assert rc == 0
     said = capsys.readouterr().out.strip().splitlines()
     assert len(said) == 1 and said[0].startswith(f"wrote {out}") and "3 device(s)" in said[0]
+    assert f"{Path(TRAINING_RUN).name} #0 " in said[0] and f"{Path(SPAR).name} " in said[0]  # which file
     page = out.read_text()
     assert "$4.00/GPU-hour" in page and "$2.00/GPU-hour" in page  # per-model price from the file
     assert f"{fmt_usd(0.25)}/kWh" in page and f"{fmt_usd(0.5)}/kWh" not in page  # the flag wins
@@ -98,3 +99,38 @@ def test_report_of_a_phasescope_recording(shared_data: Path, tmp_path: Path,
     assert "#0 device: training" in said and "#1 device: idle" in said
     page = out.read_text()
     assert "· phasescope</p>" in page  # the format the reader detected
+
+
+def test_the_summary_line_keeps_a_device_name_with_parentheses(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The line after writing named each device by its title up to the first " (", which cut a name such as
+    "NVIDIA H100 (PCIe)" to "NVIDIA H100"; only the title's own " (uuid)" is dropped now."""
+    log = tmp_path / "smi.csv"
+    rows = ["timestamp, index, name, uuid, utilization.gpu [%], memory.used [MiB], power.draw [W]"]
+    rows += [f"2024/01/01 12:00:{s:02d}.000, 0, NVIDIA H100 (PCIe), GPU-1234, 50 %, 1000 MiB, 200.00 W"
+             for s in range(30)]
+    log.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "r.html"
+    assert main(["report", str(log), "-o", str(out), "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "#0 NVIDIA H100 (PCIe): " in said, said
+
+
+def test_the_summary_line_names_unnamed_devices_by_uuid(shared_data: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Alibaba's pods have no device name or index: the line said "device: unknown" 80 times over."""
+    out = tmp_path / "r.html"
+    path = shared_data / "alibaba-gentd26" / "pod_gpu_duty_cycle_anon.csv"
+    assert main(["report", str(path), "-o", str(out), "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "device: " not in said and "alibaba-gentd26:" in said, said
+
+
+def test_progress_shows_a_device_name_with_brackets_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the progress bar read each "classifying <device>" as rich markup: a uuid or name such
+    as "GPU-[/]x" raised MarkupError (a traceback over the bar)."""
+    from phasescope.cli.report import _progress
+
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws as on a terminal
+    with _progress(True, 2) as step:
+        step("classifying #0 GPU-[/]x [red]")

@@ -189,3 +189,24 @@ def test_a_store_that_cannot_be_created_is_one_clear_line(tmp_path: Path) -> Non
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{path}: --store: expected a store file that can be created" in lines[0]
+
+
+def test_metrics_token_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--metrics-token` with no token set served /metrics public (nothing to check it against), silently:
+    the opposite of what was asked. It is one clear line instead, before anything starts."""
+    monkeypatch.delenv("PHASESCOPE_TOKEN", raising=False)
+    done = _run("--port", "0", "--source", "host", "--metrics-token")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("phasescope: --metrics-token: ") and "--token" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_pricing_note_names_per_model_prices_rather_than_none() -> None:
+    """Prices set only per GPU model in the config file ([prices.gpu."A100"]): the page said "No prices set"
+    under a table whose rows those prices cost."""
+    from phasescope.cli.serve import pricing_note
+
+    note = pricing_note(None, None, ["H100", "A100"])
+    assert "No prices set" not in note and "A100, H100" in note
+    assert pricing_note(None, None).startswith("No prices set")
+    assert pricing_note(2.5, None, ["A100"]).startswith("Priced at $2.5 per GPU-hour")

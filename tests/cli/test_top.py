@@ -395,3 +395,23 @@ def test_the_phase_comes_from_the_history_with_the_real_classifier(
     assert main(["top", "--once", "--interval", "0.1", "--store", str(path), "--source", spec]) == 0
     train, idle = _device_lines(capsys.readouterr().out, 2)
     assert re.search(r"│ +training( \d+%)? +│", train) and re.search(r"│ +idle( \d+%)? +│", idle)
+
+
+def test_once_in_an_80_column_terminal_keeps_the_phase_readable(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a terminal, rich squeezed all 13 columns into 80: the phase shrank to nothing and each device
+    name to "#0 A…". The table now drops its sparklines, PCIe, clocks, temperature and KPI columns (and
+    says so) and wraps what is left, so the device, its phase, memory, power and energy stay readable."""
+    from phasescope.cli import top as top_module
+
+    monkeypatch.setattr(top_module, "plain_console_width", lambda: 0)  # as on a terminal
+    monkeypatch.setenv("COLUMNS", "80")
+    spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
+    assert main(["top", "--once", "--interval", "0.1", "--source", spec]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "column(s) hidden: widen the terminal" in out
+    assert "Phase" in out and "Notes" in out
+    for line in _device_lines(out, 2):  # each device's phase whole (a badge, "–" before the first call)
+        assert re.search(r"│ #\d .*│ +(unknown|training|idle|other|inference|–) +│", line), line

@@ -65,3 +65,32 @@ def test_report_renders_offline_in_chromium(shared_data: Path, tmp_path: Path) -
     assert traces >= 5 and points > 100 and drawn > 0
     assert shapes == len(data.devices[0].segments) > 0  # one band per phase segment
     assert badges == [d.label for d in data.devices] == ["training", "idle"]
+
+
+def test_many_devices_all_draw_their_timelines(shared_data: Path, tmp_path: Path) -> None:
+    """A report of 20 pods: as WebGL figures (2-3 contexts each) Chromium kept only its last 16 contexts and
+    the first devices' timelines came out blank ("Too many active WebGL contexts. Oldest context will be
+    lost."). Beyond a few devices the lines are SVG, and every figure draws."""
+    exe = _chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    path = str(shared_data / "alibaba-gentd26" / "pod_gpu_duty_cycle_anon.csv")
+    data = build([(path, read(path)[:20])], model=None)
+    out = tmp_path / "report.html"
+    out.write_text(render(data), encoding="utf-8")
+    console: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.on("console", lambda m: console.append(m.text))
+            page.goto(out.as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 20",
+                                   timeout=60_000)
+            drawn = page.evaluate(
+                "[...document.querySelectorAll('.js-plotly-plot')]"
+                ".map(p => p.querySelectorAll('.scatterlayer .trace path.js-line').length)"
+            )
+        finally:
+            browser.close()
+    assert not [m for m in console if "Too many active WebGL contexts" in m]
+    assert len(drawn) == 20 and all(n > 0 for n in drawn), drawn

@@ -92,3 +92,15 @@ def test_phase_totals_average_power_over_measured_time_only(shared_data: Path) -
     row = re.search(r"unsegmented</span></td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>",
                     _phase_totals(only_blind))
     assert row is not None and row.group(2) == "–" and row.group(3) == "–"
+
+
+def test_a_trace_without_power_shows_no_made_up_zero_kwh(shared_data: Path) -> None:
+    """A trace with neither power nor an energy counter has unknown energy: every table says "–", not
+    "0.0000 kWh" (the summary, the device's KPIs and its per-phase table, as the fleet totals already did)."""
+    from phasescope.report.page import _kpis, _phase_table, _summary
+
+    path = str(shared_data / FILES[2])
+    blind = read(path)[0].without("power", "energy")
+    data = build([(path, [blind])], model=None)
+    for html in (_summary(data), _kpis(data.devices[0]), _phase_table(data.devices[0])):
+        assert "0.0000 kWh" not in html and "– kWh" in html

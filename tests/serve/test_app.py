@@ -345,7 +345,8 @@ def test_the_host_gets_its_hooks_phase_and_a_time_cost_not_the_gpu_classifier() 
         assert dev["energy"]["method"] == "none"
         training = dev["energy"]["phases"]["training"]
         assert "other" not in dev["energy"]["phases"]  # the classifier's verdict on CPU load is not metered
-        assert training["seconds"] > 0 and training["joules"] == 0
+        assert training["seconds"] > 0  # ... and its energy is unknown, not 0 J
+        assert training["joules"] is None and training["kwh"] is None
         # No power sensor: cost = device time x price; the energy part is unknown, not $0.
         assert training["cost"]["time_usd"] == pytest.approx(training["seconds"], abs=1e-3)  # rounded s
         assert training["cost"]["energy_usd"] is None
@@ -391,3 +392,50 @@ def test_a_gpu_off_the_bus_is_lost_in_the_api(shared_data: Path) -> None:
         a.on_tick(TickBatch(batch.time, batch.devices, values))
     lost = {d["uuid"]: d["lost"] for d in a.snapshot()["devices"]}
     assert lost[gone] and not any(v for u, v in lost.items() if u != gone)
+
+
+def test_energy_without_a_power_reading_is_null_not_zero(shared_data: Path) -> None:
+    """A GPU whose log has neither power nor an energy counter: its phases have time and cost, and its energy
+    is unknown (null in /api/state, per phase and in the totals), never 0 J; a powered GPU beside it still
+    counts in the totals."""
+    from dataclasses import replace
+
+    from phasescope.schema import Trace
+
+    powered = read(shared_data / MIGRATION_RUN)[0]
+    blind = powered.without("power", "energy")
+    blind = Trace(replace(blind.device, uuid="GPU-no-power-sensor"), blind.time, blind.columns, blind.meta)
+    a = Agent(ReplaySource([blind]), 1.0, classifier=LiveClassifier(PhaseModel.load()),
+              prices=PriceConfig(usd_per_gpu_hour=2.5, usd_per_kwh=0.12))
+    feed(a, ticks([blind], stop=30))
+    state = TestClient(build_app(a)).get("/api/state").json()
+    phases = state["devices"][0]["energy"]["phases"]
+    assert phases and all(e["seconds"] > 0 for e in phases.values())
+    assert all(e["joules"] is None and e["kwh"] is None for e in phases.values())
+    assert all(t["joules"] is None and t["seconds"] > 0 for t in state["totals"].values())
+    both = Agent(ReplaySource([powered, blind]), 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    feed(both, ticks([powered, blind], stop=30))
+    snap = both.snapshot()
+    measured = sum(e["joules"] for e in snap["devices"][0]["energy"]["phases"].values())
+    assert sum(t["joules"] for t in snap["totals"].values()) == pytest.approx(measured, abs=1e-2)
+
+
+def test_a_kwh_price_without_a_power_reading_is_an_unknown_cost_not_zero(shared_data: Path) -> None:
+    """Only a $/kWh price, and a GPU without power: its cost is unknown. The totals said "usd": 0.0, which
+    the page drew as "$0.0000"; now they are null (the page: "–")."""
+    from dataclasses import replace
+
+    from phasescope.schema import Trace
+
+    powered = read(shared_data / MIGRATION_RUN)[0]
+    blind = powered.without("power", "energy")
+    blind = Trace(replace(blind.device, uuid="GPU-no-power-sensor"), blind.time, blind.columns, blind.meta)
+    a = Agent(ReplaySource([blind]), 1.0, classifier=LiveClassifier(PhaseModel.load()),
+              prices=PriceConfig(usd_per_kwh=0.12))
+    feed(a, ticks([blind], stop=30))
+    state = a.snapshot()
+    dev = state["devices"][0]
+    assert dev["priced"] and all(e["cost"]["total_usd"] is None for e in dev["energy"]["phases"].values())
+    assert state["totals"] and all(t["usd"] is None for t in state["totals"].values())
+    page = TestClient(build_app(a)).get("/").text
+    assert 't.usd === null ? "–"' in page  # the page draws that null as a dash, not $0

@@ -316,3 +316,26 @@ def test_scrapes_read_proc_only_when_the_processes_change(
     monkeypatch.setattr(collector_module, "ATTRIBUTION_TTL_S", 0.0)  # expired: a reused PID is seen again
     generate_latest(registry)
     assert counting.calls == 8
+
+
+def test_a_gpu_without_power_has_phase_time_but_no_made_up_zero_energy(
+    shared_data: Path, model: PhaseModel
+) -> None:
+    """No power and no energy counter: phasescope_gpu_phase_seconds_total counts, and the per-phase energy
+    series is absent (a sum over the fleet must not read 0 J for it), while a powered GPU keeps its series."""
+    from phasescope.schema import Trace
+
+    powered = read(shared_data / MIGRATION_RUN)[0]
+    blind = powered.without("power", "energy")
+    blind = Trace(replace(blind.device, uuid="GPU-no-power-sensor"), blind.time, blind.columns, blind.meta)
+    agent = Agent(ReplaySource([powered, blind]), 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="n1")
+    feed(agent, ticks([powered, blind], stop=30))
+    text = generate_latest(registry)
+    s = _samples(text)
+    by_uuid = {lab["uuid"] for lab, _ in s["phasescope_gpu_phase_seconds_total"]}
+    assert by_uuid == {powered.device.uuid, "GPU-no-power-sensor"}
+    energy = s["phasescope_gpu_phase_energy_joules_total"]
+    assert {lab["uuid"] for lab, _ in energy} == {powered.device.uuid}
+    assert all(v > 0 for _, v in energy)
+    assert promtool_check(text) == ""

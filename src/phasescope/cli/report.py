@@ -24,14 +24,23 @@ def _progress(enabled: bool, total: int) -> Iterator[Callable[[str], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    # markup=False: a device name or uuid such as "GPU-[/]x" is text, not rich markup (which raised).
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("report", total=total)
 
         def step(msg: str) -> None:
             bar.update(task, advance=1, description=msg[:60])
 
         yield step
+
+
+def _short_name(trace: Trace) -> str:
+    """'#0 NVIDIA H100 (PCIe)', '#1 device'; without name and index (a pod's log): its uuid."""
+    dev = trace.device
+    if dev.index is None:
+        return dev.name or dev.uuid
+    return f"#{dev.index} {dev.name or 'device'}"
 
 
 @click.command("report")
@@ -94,6 +103,9 @@ def command(inputs: tuple[str, ...], output: str, fmt: str, model_path: str | No
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise InputError(output, "output", "a writable file", exc.strerror or str(exc)) from None
-    labels = ", ".join(f"{d.title.split(' (')[0]}: {d.label}" for d in data.devices[:8])
+    def where(path: str) -> str:  # several files (often of one GPU): say which file each device is from
+        return f"{Path(path).name} " if len(inputs) > 1 else ""
+
+    labels = ", ".join(f"{where(d.path)}{_short_name(d.trace)}: {d.label}" for d in data.devices[:8])
     more = f" (+{len(data.devices) - 8} more)" if len(data.devices) > 8 else ""
     click.echo(f"wrote {out} ({len(page) / 1e6:.1f} MB, {len(data.devices)} device(s): {labels}{more})")

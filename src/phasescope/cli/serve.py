@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -24,12 +25,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def pricing_note(usd_per_gpu_hour: float | None, usd_per_kwh: float | None) -> str:
+def pricing_note(
+    usd_per_gpu_hour: float | None, usd_per_kwh: float | None, models: Sequence[str] = ()
+) -> str:
+    """The page's line on prices; `models`: the GPU models the config file prices on their own."""
     parts = []
     if usd_per_gpu_hour is not None:
         parts.append(f"${usd_per_gpu_hour:g} per GPU-hour")
     if usd_per_kwh is not None:
         parts.append(f"${usd_per_kwh:g} per kWh")
+    if not parts and models:  # "No prices set" would be wrong beside the rows those models price
+        return (f"Priced per GPU model from the config file ({', '.join(sorted(models))}); other devices: "
+                "pass --usd-per-gpu-hour / --usd-per-kwh or set [prices].")
     if not parts:
         return "No prices set: pass --usd-per-gpu-hour / --usd-per-kwh or set [prices] in the config file."
     return "Priced at " + " + ".join(parts) + " (device overrides from the config file apply)."
@@ -89,8 +96,12 @@ def command(
     from phasescope import config as config_mod
     from phasescope.classify.model import PhaseModel
     from phasescope.cli.top import open_watched
+    from phasescope.errors import InputError
     from phasescope.live_classify import LiveClassifier
 
+    if metrics_token and not token:  # else /metrics would be served public, the opposite of what was asked
+        raise InputError("--metrics-token", "token", "--token TOKEN or $PHASESCOPE_TOKEN, which /metrics "
+                         "would then require", "none")
     cfg = config_mod.load(config_path).override(
         serve__host=host, serve__port=port if port else None,
         prices__usd_per_gpu_hour=usd_per_gpu_hour, prices__usd_per_kwh=usd_per_kwh,
@@ -132,7 +143,8 @@ def command(
 
         agent.load_history(say=say)  # charts and phase from the store's recent samples, before tick one
     app = build_app(agent, token=token, metrics_token=metrics_token,
-                    pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh))
+                    pricing_note=pricing_note(cfg.prices.usd_per_gpu_hour, cfg.prices.usd_per_kwh,
+                                              list(cfg.prices.gpu)))
     sock = bind(cfg.serve.host, bind_port)
     server = make_server(app)
     click.echo(f"phasescope: serving {url_of(sock)} (source: {source.name}, every {interval:g}s)", err=True)

@@ -169,6 +169,7 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
 
     width = plain_console_width()
     console = Console(width=width) if width else Console()
+    fit = None if width else console.width  # a terminal: fit the table to it; a file or pipe: nothing cut
 
     worker = threading.Thread(target=sample, args=(stop, duration), name="phasescope-sampler", daemon=True)
     worker.start()
@@ -181,12 +182,12 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
                     break
             elif state.ticks and state.version != drawn:
                 drawn = state.version
-                console.print(render_table(state, sort, filter_text, web_url))
+                console.print(render_table(state, sort, filter_text, web_url, fit))
     finally:
         stop.set()
         worker.join(timeout=10)
     if mode == "once" or state.version != drawn:  # the last word: one table, or what changed at the end
-        console.print(render_table(state, sort, filter_text, web_url))
+        console.print(render_table(state, sort, filter_text, web_url, fit))
     return state
 
 

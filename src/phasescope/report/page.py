@@ -20,11 +20,15 @@ from phasescope.display import (
     fmt_watts,
 )
 from phasescope.kpi.cost import Cost
-from phasescope.kpi.energy import totals_by_phase
+from phasescope.kpi.energy import J_PER_KWH, totals_by_phase
 from phasescope.report.data import DeviceReport, ReportData
 from phasescope.schema import PHASES, FloatArray, Trace
 
 MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and max
+# Browsers keep about 16 WebGL contexts per page (Chrome, Safari) and drop the oldest beyond that, which
+# left the first devices' timelines blank in a report of many devices; each WebGL figure takes 2-3. More
+# devices than this are drawn as SVG (decimated to MAX_POINTS a line, so still light).
+WEBGL_MAX_FIGURES = 4
 GIB = 1024.0**3
 
 # (signal(s), axis title, scale to the plotted unit)
@@ -76,6 +80,11 @@ def _cost(c: Cost) -> str:
     return f"{fmt_usd(c.total_usd)} ({', '.join(parts)})"
 
 
+def _kwh(joules: float, covered_s: float) -> str:
+    """kWh, or MISSING where no second had a power or energy reading (unknown energy is not 0 kWh)."""
+    return f"{joules / J_PER_KWH:.4f}" if covered_s > 0 else MISSING
+
+
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], raw: bool = False, cls: str = "") -> str:
     """A table; cells are escaped unless `raw` (then the caller escaped them)."""
     h = "".join(f"<th>{_e(c)}</th>" for c in head)
@@ -116,7 +125,7 @@ def _x(times: Any, wall: bool) -> Any:
     return (t * 1000.0).astype("datetime64[ms]")
 
 
-def _figure(d: DeviceReport) -> Any:
+def _figure(d: DeviceReport, webgl: bool = True) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -133,8 +142,9 @@ def _figure(d: DeviceReport) -> Any:
             if not trace.has(sig):
                 continue
             t, v = decimate(trace.time, trace[sig] * scale)
-            fig.add_trace(go.Scattergl(x=_x(t, wall), y=v, name=sig, mode="lines", showlegend=False,
-                                       line={"width": 1}, hovertemplate=f"{sig} %{{y:.3g}}<extra></extra>"),
+            line = go.Scattergl if webgl else go.Scatter
+            fig.add_trace(line(x=_x(t, wall), y=v, name=sig, mode="lines", showlegend=False,
+                               line={"width": 1}, hovertemplate=f"{sig} %{{y:.3g}}<extra></extra>"),
                           row=r, col=1)
         fig.update_yaxes(title_text=title, row=r, col=1, title_font={"size": 11})
     if with_proba:
@@ -154,8 +164,8 @@ def _figure(d: DeviceReport) -> Any:
     return fig
 
 
-def _figure_html(d: DeviceReport, div_id: str) -> str:
-    fig = _figure(d)
+def _figure_html(d: DeviceReport, div_id: str, webgl: bool = True) -> str:
+    fig = _figure(d, webgl)
     if fig is None:
         return "<p class='note'>No plottable signal in this trace.</p>"
     out: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
@@ -179,7 +189,7 @@ def _summary(data: ReportData) -> str:
             _e(fmt_seconds(d.stats["duration_s"])),
             _e(f"{d.stats['samples']:.0f} @ {_num(d.stats['rate_hz'], 2)} Hz"),
             _e(missing),
-            _e(f"{e.kwh:.4f} kWh ({e.method}, {fmt_ratio(e.coverage)} covered)"),
+            _e(f"{_kwh(e.joules, e.covered_s)} kWh ({e.method}, {fmt_ratio(e.coverage)} covered)"),
             _e(_cost(d.cost)),
         ])
     return _table(["device", "file", "phase (confidence)", "span", "samples", "missing signals", "energy",
@@ -193,9 +203,8 @@ def _phase_totals(data: ReportData) -> str:
     rows = []
     for label, (secs, _, cost) in sorted(data.phase_totals().items(), key=lambda kv: -kv[1][0]):
         pe = measured[label]
-        kwh = f"{pe.kwh:.4f}" if pe.covered_s > 0 else MISSING
-        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(kwh), _e(fmt_watts(pe.mean_power_w)),
-                     _e(_cost(cost))])
+        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(_kwh(pe.joules, pe.covered_s)),
+                     _e(fmt_watts(pe.mean_power_w)), _e(_cost(cost))])
     return _table(["phase", "device-hours", "kWh", "mean power", "cost"], rows, raw=True)
 
 
@@ -210,7 +219,7 @@ def _phase_table(d: DeviceReport) -> str:
             _e(fmt_ratio(st.get("util_mean", math.nan))),
             _e(fmt_watts(st.get("power_mean_w", math.nan))),
             _e(fmt_bytes(st.get("mem_used_max", math.nan))),
-            _e(f"{pe.kwh:.4f} kWh ({fmt_ratio(pe.coverage)} covered)"),
+            _e(f"{_kwh(pe.joules, pe.covered_s)} kWh ({fmt_ratio(pe.coverage)} covered)"),
             _e(_cost(d.phase_cost.get(label, Cost(None, None)))),
         ])
     head = ["phase", "time", "mean util", "mean power", "peak memory", "energy", "cost"]
@@ -265,8 +274,9 @@ def _kpis(d: DeviceReport) -> str:
          + (f" of {fmt_bytes(mem_total)}" if math.isfinite(mem_total) else "")],
         ["peak temperature", f"{_num(s['temperature_max'], 0)} °C" if math.isfinite(s["temperature_max"])
          else MISSING],
-        ["energy", f"{d.energy.joules:,.0f} J = {d.energy.kwh:.4f} kWh, method {d.energy.method}, "
-                   f"{fmt_ratio(d.energy.coverage)} of the span covered"
+        ["energy", (f"{d.energy.joules:,.0f} J = {d.energy.kwh:.4f} kWh" if d.energy.covered_s > 0
+                    else f"{MISSING} kWh (no power or energy reading)")
+                   + f", method {d.energy.method}, {fmt_ratio(d.energy.coverage)} of the span covered"
                    + (f", {d.energy.resets} counter reset(s)" if d.energy.resets else "")],
         ["cost", _cost(d.cost)],
         ["prices", _prices(d)],
@@ -337,7 +347,7 @@ def render(data: ReportData) -> str:
         parts.append(_phase_table(d))
         parts.append("<h3>Timeline</h3><p class='meta'>Bands are the phase segments; the bottom panel is the "
                      "model's probability per window.</p>")
-        parts.append(_figure_html(d, f"fig{i}"))
+        parts.append(_figure_html(d, f"fig{i}", webgl=len(data.devices) <= WEBGL_MAX_FIGURES))
         parts.append("<h3>Segments and the evidence for them</h3>")
         parts.append(_evidence(d))
     parts.append(

@@ -18,7 +18,7 @@ import numpy as np
 
 from phasescope.config import PriceConfig
 from phasescope.kpi.cost import Prices, cost_of
-from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, J_PER_KWH, FleetEnergyMeter
 from phasescope.live_annotate import Annotator, HookKpiReader
 from phasescope.live_classify import LiveClassifier, PhaseReading
 from phasescope.live_history import backfill_phases, loaded_note, recent_traces
@@ -239,14 +239,20 @@ class Agent:
             phases = {}
             for label, (joules, seconds, covered) in sorted(energy.get(info.uuid, {}).items()):
                 cost = cost_of(seconds, joules, prices, measured)
+                # No second with a power or energy reading: the energy is unknown (null), not 0 J.
+                known = covered > 0
                 phases[label] = {
-                    "joules": _num(joules, 3), "kwh": _num(joules / 3.6e6), "seconds": _num(seconds, 3),
+                    "joules": _num(joules, 3) if known else None,
+                    "kwh": _num(joules / J_PER_KWH) if known else None, "seconds": _num(seconds, 3),
                     "covered_s": _num(covered, 3), "cost": cost.to_dict(),
                 }
-                tot = totals.setdefault(label, {"joules": 0.0, "seconds": 0.0, "usd": 0.0})
-                tot["joules"] += joules
+                # NaN (null in the JSON) until some device in the phase has a known energy / cost.
+                tot = totals.setdefault(label, {"joules": math.nan, "seconds": 0.0, "usd": math.nan})
+                if known:
+                    tot["joules"] = joules + (tot["joules"] if math.isfinite(tot["joules"]) else 0.0)
                 tot["seconds"] += seconds
-                tot["usd"] += cost.total_usd or 0.0
+                if cost.total_usd is not None:
+                    tot["usd"] = cost.total_usd + (tot["usd"] if math.isfinite(tot["usd"]) else 0.0)
             values = {s: _num(float(latest[SIGNAL_COLUMN[s]])) for s in SIGNAL_NAMES}
             devices.append({
                 "uuid": info.uuid, "index": info.index, "name": info.name, "host": info.host, "lost": lost,

@@ -111,9 +111,10 @@ class PhasescopeCollector:
                     alarm.add_metric(key, 1.0 if reading.training_alarm else 0.0)
                     if reading.training_alarm and reading.alarm_at is not None:
                         alarm_start.add_metric(key, reading.alarm_at)
-            for p, (joules, secs, _covered) in sorted(by_device.get(info.uuid, {}).items()):
+            for p, (joules, secs, covered) in sorted(by_device.get(info.uuid, {}).items()):
                 seconds.add_metric([*key, p], secs)
-                energy.add_metric([*key, p], joules)
+                if covered > 0:  # no power or energy reading in this phase yet: absent, not a made-up 0 J
+                    energy.add_metric([*key, p], joules)
             merged, named_procs = pods.get(info.uuid, (None, []))
             for pid, values in named_procs:
                 process_info.add_metric([*key, pid, *values], 1.0)

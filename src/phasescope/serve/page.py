@@ -84,7 +84,8 @@ function dur(s) {
   return (s / 3600).toFixed(1) + " h";
 }
 function energy(j) { return j === null ? "–" : (j >= 3.6e5 ? (j / 3.6e6).toFixed(3) + " kWh" : (j / 1000).toFixed(1) + " kJ"); }
-function usd(c) { return c.total_usd === null ? "not priced" : "$" + c.total_usd.toFixed(c.total_usd < 1 ? 4 : 2); }
+// Priced, yet no cost: e.g. only a $/kWh price and no power reading, so the cost is unknown ("–"), not $0.
+function usd(c, priced) { return c.total_usd === null ? (priced ? "–" : "not priced") : "$" + c.total_usd.toFixed(c.total_usd < 1 ? 4 : 2); }
 function phaseKpis(k, who) {
   const parts = [];
   const ms = s => s < 0.001 ? (s * 1e6).toFixed(0) + " µs" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms";
@@ -162,10 +163,11 @@ function drawDevice(dev, now) {
   const metered = dev.energy.method !== "none";  // e.g. a host: time per phase, but no power to integrate
   const rows = Object.entries(dev.energy.phases).map(([p, e]) =>
     `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
-    `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "– kWh"}</td><td>${usd(e.cost)}</td></tr>`);
+    `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "– kWh"}</td><td>${usd(e.cost, dev.priced)}</td></tr>`);
   c.energy.innerHTML = rows.join("") || "<tr><td colspan=4 class=muted>no energy yet</td></tr>";
   c.method.textContent = (metered ? "energy from " + dev.energy.method.replace("_", " ")
-    : "energy unmeasured (no power reading)" + (dev.priced ? "; cost from device time" : ""))
+    : "energy unmeasured (no power reading)"
+      + (Object.values(dev.energy.phases).some(e => e.cost.time_usd !== null) ? "; cost from device time" : ""))
     + (dev.price_note ? " · " + dev.price_note : "");  // a MIG row: its share of the physical GPU's price
 }
 
@@ -207,7 +209,7 @@ function drawTotals(s) {
   const metered = s.devices.some(d => d.energy.method !== "none");
   body.innerHTML = Object.entries(s.totals).map(([p, t]) =>
     `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
-    `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "– kWh"}</td><td>${s.devices.some(d => d.priced) ? "$" + t.usd.toFixed(4) : "not priced"}</td></tr>`
+    `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "– kWh"}</td><td>${!s.devices.some(d => d.priced) ? "not priced" : t.usd === null ? "–" : "$" + t.usd.toFixed(4)}</td></tr>`
   ).join("") || "<tr><td colspan=4 class=muted>no samples yet</td></tr>";
   document.getElementById("pricing").textContent = CONFIG.pricing;
   const held = s.devices.filter(d => d.idle_held);
