@@ -42,6 +42,15 @@ def _recorded_joules(trace: Trace, a: int, b: int) -> float:
     return float(np.sum(np.diff(t) * (p[1:] + p[:-1]) / 2))
 
 
+def _sampled_window(mon: Monitor, fake, ticks: int) -> Measurement:
+    """One window over `ticks` ticks of the fake NVML, read once per tick (no background thread)."""
+    mon.begin_window("w")
+    for _ in range(ticks):
+        fake.advance()
+        mon.sample()
+    return mon.end_window("w")
+
+
 class RecordedClock:
     """The NVML source with each reading stamped on the recording's own clock (not the wall clock), so a
     power-only window integrates exactly the samples the recording holds."""
@@ -119,11 +128,7 @@ def test_power_only_gpu_is_integrated_as_kpi_energy_integrates_the_same_samples(
         assert probe.interval_s == 0.1  # power without a counter: background sampling, by default
     n = 40
     with Monitor(RecordedClock(fake), interval_s=None, prices=PRICES) as mon:
-        mon.begin_window("w")
-        for _ in range(n):
-            fake.advance()
-            mon.sample()
-        m = mon.end_window("w")
+        m = _sampled_window(mon, fake, n)
     # What `phasescope cost` / the report would say for those samples (the fake serves whole mW).
     t = trace.time[: n + 1]
     ref = device_energy(Trace(trace.device, t, {"power": np.round(trace["power"][: n + 1] * 1000) / 1000}))
@@ -140,11 +145,7 @@ def test_power_hole_is_left_uncovered_and_said(fake_nvml, sg_traces):
     fake = fake_nvml([trace])
     fake.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_TIMEOUT, from_tick=5, until_tick=12)
     with Monitor(RecordedClock(fake), interval_s=None, prices=PRICES) as mon:
-        mon.begin_window("w")
-        for _ in range(20):
-            fake.advance()
-            mon.sample()
-        dev = mon.end_window("w").devices[0]
+        dev = _sampled_window(mon, fake, 20).devices[0]
     power = np.round(trace["power"][:21] * 1000) / 1000
     power[5:12] = np.nan
     ref = device_energy(Trace(trace.device, trace.time[:21], {"power": power}))
@@ -158,11 +159,7 @@ def test_counter_through_transient_nvml_errors_is_exact(fake_nvml, sg_traces):
     fake.fail("nvmlDeviceGetTotalEnergyConsumption", pynvml.NVML_ERROR_TIMEOUT, from_tick=2, until_tick=7)
     said: list[str] = []
     with Monitor("nvml", interval_s=None, prices=PRICES, say=said.append) as mon:
-        mon.begin_window("w")
-        for _ in range(9):
-            fake.advance()
-            mon.sample()
-        dev = mon.end_window("w").devices[0]
+        dev = _sampled_window(mon, fake, 9).devices[0]
         assert mon.source.error_counts()["nvmlDeviceGetTotalEnergyConsumption"] == 5
     assert dev.method == "counter"
     assert dev.energy_j == pytest.approx(_recorded_joules(sg_traces[0], 0, 9), abs=0.002)
@@ -175,11 +172,7 @@ def test_gpu_lost_mid_window_keeps_the_energy_before_and_says_so_once(fake_nvml,
     fake.lose(0, from_tick=5)
     said: list[str] = []
     with Monitor("nvml", interval_s=None, prices=PRICES, say=said.append) as mon:
-        mon.begin_window("w")
-        for _ in range(9):
-            fake.advance()
-            mon.sample()
-        m = mon.end_window("w")
+        m = _sampled_window(mon, fake, 9)
         mon.begin_window("after")
         fake.advance()
         after = mon.end_window("after")
@@ -287,6 +280,9 @@ def test_measure_context_manager_and_bad_use():
         Monitor("host", devices=[5], prices=PRICES)
     with pytest.raises(InputError, match="interval_s"):
         Monitor("host", interval_s=0.01, prices=PRICES)
+    # A bad spec names this argument, not the CLI's --source flag.
+    with pytest.raises(InputError, match=r"^Monitor: source: expected auto, nvml, host or replay:PATH"):
+        Monitor("bogus", prices=PRICES)
 
 
 def test_measure_without_options_reuses_one_shared_monitor(monkeypatch):
@@ -349,6 +345,14 @@ def test_auto_reports_gpus_and_the_host_when_rapl_is_readable(fake_nvml, sg_trac
     assert gpu.energy_j == pytest.approx(_recorded_joules(sg_traces[0], 0, 10), abs=0.002)
     assert host.is_host and host.energy_j == pytest.approx(40.0)
     assert m.gpu_energy == {0: gpu.energy_j} and m.cpu_energy == pytest.approx({0: 40.0})
+    # Zeus's total_energy sums its gpu_energy alone (CPU and DRAM apart): a Zeus user's figure must not grow
+    # by the host's 40 J when RAPL is readable. phasescope's own total_energy_j counts every device.
+    assert m.total_energy == pytest.approx(gpu.energy_j)
+    assert m.total_energy_j == pytest.approx(gpu.energy_j + 40.0)
+    # The $/GPU-hour is the GPU's rent, paid once: the host beside it costs its energy only (it used to be
+    # billed as a second GPU, doubling the window's time cost).
+    assert host.cost.time_usd is None and host.cost.energy_usd == pytest.approx(40.0 / 3.6e6 * 0.12)
+    assert m.cost.time_usd == pytest.approx(gpu.span_s / 3600 * 2.5)
 
 
 def test_auto_without_readable_rapl_reports_the_gpus_only(fake_nvml, sg_traces, tmp_path, monkeypatch):
@@ -374,3 +378,141 @@ def test_replay_at_speed_is_metered_on_its_own_clock(shared_data):
         assert dev.method == "integrated_power"
         assert dev.span_s == pytest.approx(20.0, abs=4.0)  # recorded seconds
         assert dev.coverage is not None and dev.coverage > 0.5
+
+
+# ---- what a Zeus user writes: threads, recursion, forks, forgotten windows (review fixes)
+
+
+def test_measure_windows_of_one_name_in_two_threads_are_each_their_own():
+    # Two threads timing their own "step" on one monitor (the shared one in real use) used to collide:
+    # "window 'step' is already open". So did a nested measure() with the default name.
+    import threading
+
+    with Monitor("host", interval_s=None, prices=PRICES) as mon:
+        both_open = threading.Barrier(2, timeout=10)
+        results: list[Measurement | None] = []
+        errors: list[BaseException] = []
+
+        def step() -> None:
+            try:
+                with phasescope.measure("step", monitor=mon) as w:
+                    both_open.wait()  # the two windows are open at the same time
+                results.append(w.result)
+            except BaseException as exc:  # reported below, as the thread's error
+                errors.append(exc)
+                both_open.abort()
+
+        threads = [threading.Thread(target=step) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        assert errors == [] and len(results) == 2
+        assert all(r is not None and r.name == "step" for r in results)
+        with phasescope.measure(monitor=mon) as outer, phasescope.measure(monitor=mon) as inner:
+            assert mon.open_windows() == ["window", "window"]
+        assert outer.result is not None and inner.result is not None
+        assert outer.result.time_s >= inner.result.time_s
+        # Windows opened by name keep Zeus's rule: one name, one open window.
+        mon.begin_window("named")
+        with pytest.raises(ValueError, match="'named' is already open"):
+            mon.begin_window("named")
+        mon.end_window("named")
+        assert mon.open_windows() == []
+
+
+def test_a_forked_child_refuses_the_parents_monitor_and_gets_its_own_shared_one(monkeypatch):
+    # The child's copy used to be used as is: its lock could be held by the parent's sampling thread
+    # (end_window then hung forever; seen with a window open at the fork) and its NVML handles are the
+    # parent's. Now: one clear RuntimeError, and measure() opens a monitor for the child.
+    import phasescope.monitor as monitor_mod
+
+    monkeypatch.setattr(monitor_mod, "_shared", None)
+    parent_shared = monitor_mod.shared_monitor()
+    try:
+        with Monitor("host", interval_s=None, prices=PRICES) as mon:
+            mon.begin_window("w")
+            pid = os.fork()
+            if pid == 0:  # the child: exit code 0 only if every check holds
+                code = 1
+                try:
+                    with pytest.raises(RuntimeError, match=r"opened in process \d+, before a fork"):
+                        mon.end_window("w")
+                    mon.close()  # leaves the parent's source alone, never blocks
+                    child_shared = monitor_mod.shared_monitor()
+                    code = 0 if child_shared is not parent_shared and child_shared._pid == os.getpid() else 3
+                    child_shared.close()
+                except BaseException:  # the exit code says it
+                    code = 2
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert mon.end_window("w").samples == 2  # the parent's window is untouched
+    finally:
+        parent_shared.close()
+
+
+def test_a_sampling_thread_told_to_stop_puts_no_reading_into_later_windows():
+    # end_window then begin_window at once: the old thread, waiting on the lock, used to read once more
+    # into the new window beside the new thread.
+    import threading
+
+    from phasescope.monitor import _Reads
+
+    with Monitor("host", interval_s=None, prices=PRICES) as mon:
+        mon.begin_window("w")
+        stopped = threading.Event()
+        stopped.set()
+        _Reads(mon, stopped).read()
+        assert mon.end_window("w").samples == 2  # its begin and end only
+
+
+def test_closing_with_a_window_still_open_says_it_in_one_line():
+    said: list[str] = []
+    mon = Monitor("host", interval_s=None, prices=PRICES, say=said.append)
+    mon.begin_window("forgotten")
+    mon.close()
+    assert said[-1] == "monitor closed with window(s) still open, not measured: 'forgotten'"
+    assert not any("forgotten" in line for line in said[:-1])
+
+
+def test_a_rapl_zone_failing_at_the_end_keeps_the_split_equal_to_the_energy(tmp_path, monkeypatch):
+    # The DRAM zone cannot be read at the end: the energy stops at the last reading with every zone, and
+    # the per-zone split (parts, cpu_energy, dram_energy) used to take the end reading anyway: package to
+    # the end, DRAM NaN, and the parts no longer summed to the energy.
+    from phasescope.sources import rapl
+    from tests.fakes.fake_powercap import make_zone, set_uj
+
+    make_zone(tmp_path, "intel-rapl:0", "package-0", 1_000_000)
+    make_zone(tmp_path, "intel-rapl:0:0", "dram", 100)
+    monkeypatch.setattr(rapl, "POWERCAP", tmp_path)
+    with Monitor("host", interval_s=None, prices=PRICES, say=lambda line: None) as mon:
+        mon.begin_window("w")
+        set_uj(tmp_path, "intel-rapl:0", 3_000_000)  # +2 J
+        set_uj(tmp_path, "intel-rapl:0:0", 1_000_100)  # +1 J
+        mon.sample()
+        set_uj(tmp_path, "intel-rapl:0", 5_000_000)
+        (tmp_path / "intel-rapl:0:0" / "energy_uj").unlink()
+        m = mon.end_window("w")
+    (host,) = m.devices
+    assert host.energy_j == pytest.approx(3.0)
+    assert dict(host.parts) == pytest.approx({"package-0": 2.0, "package-0/dram": 1.0})
+    assert m.cpu_energy == pytest.approx({0: 2.0}) and m.dram_energy == pytest.approx({0: 1.0})
+
+
+def test_auto_interval_looks_only_at_the_reported_devices(fake_nvml, sg_traces):
+    # GPU 0 has no energy counter (power only), GPU 1 has one. Reporting GPU 1 alone needs no background
+    # thread: it used to run one at 0.1 s for GPU 0, which no window reports.
+    fake = fake_nvml(sg_traces, energy_from_power=True)
+    fake.fail("nvmlDeviceGetTotalEnergyConsumption", pynvml.NVML_ERROR_NOT_SUPPORTED, device=0)
+    with Monitor("nvml", prices=PRICES) as both:
+        assert both.interval_s == 0.1
+    with Monitor("nvml", devices=[1], prices=PRICES) as counter_only:
+        assert counter_only.interval_s is None
+        counter_only.begin_window("w")
+        assert counter_only._thread is None
+        fake.advance(5)
+        m = counter_only.end_window("w")
+    (gpu,) = m.devices
+    assert gpu.method == "counter"
+    assert gpu.energy_j == pytest.approx(_recorded_joules(sg_traces[1], 0, 5), abs=0.002)

@@ -43,11 +43,12 @@ import atexit
 import contextlib
 import logging
 import math
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -156,7 +157,11 @@ class Measurement:
 
     @property
     def total_energy(self) -> float | None:
-        return self.total_energy_j
+        """Zeus's `total_energy`: the GPUs' joules only, as Zeus sums its `gpu_energy` (the host's CPU and
+        DRAM are apart, in `cpu_energy` / `dram_energy`); None when no GPU measured energy.
+        `total_energy_j` is every device's, the host's included."""
+        known = [d.energy_j for d in self.devices if not d.is_host and d.energy_j is not None]
+        return float(sum(known)) if known else None
 
     @property
     def gpu_energy(self) -> dict[int, float]:
@@ -194,6 +199,15 @@ class Measurement:
 
 
 # ---------------------------------------------------------------- the monitor
+
+
+class _Key:
+    """The key of a `measure()` window: unique by identity, so equal names never collide."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 @dataclass
@@ -245,7 +259,8 @@ class Monitor:
         (>= 0.1 s); None: never (energy then comes from the readings at begin and end alone: exact with a
         counter, a two-point estimate without).
     prices: Prices for every device, a PriceConfig (per model), or None for the config file's [prices]
-        (`config` names the file; default as every command: $PHASESCOPE_CONFIG, else the XDG path).
+        (`config` names the file; default as every command: $PHASESCOPE_CONFIG, else the XDG path). Beside
+        GPUs the host is priced by its energy only (the $/GPU-hour is the GPUs' rent, paid once).
     sync: before each reading at begin/end, wait for queued CUDA work (torch.cuda.synchronize() on the
         current device) when the program has already initialised CUDA through torch; never imports torch.
     say: where one-line notices go (no NVML, a GPU lost); default: this module's logger, as warnings.
@@ -272,8 +287,9 @@ class Monitor:
         self.notes: list[str] = []  # about the monitor as a whole; every Measurement carries them
         self._said: set[str] = set()
         self._lock = threading.RLock()
-        self._open: dict[str, _Open] = {}
+        self._open: dict[str | _Key, _Open] = {}
         self._closed = False
+        self._pid = os.getpid()  # NVML handles, the lock's state and the thread do not cross a fork
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         needs_config = prices is None or config is not None
@@ -327,7 +343,13 @@ class Monitor:
             return self._host(None)
         from phasescope.sources.open import open_source
 
-        return open_source(source, say=self._note)
+        try:
+            return open_source(source, say=self._note)
+        except InputError as exc:
+            if exc.path != "--source":
+                raise  # a replay file's own error names the file
+            # The CLI's wording names its flag; here the spec is this argument.
+            raise InputError("Monitor", "source", exc.expected, exc.got) from None
 
     def _host(self, no_gpu: str | None) -> LiveSource:
         """The host alone: CPU share and, where RAPL can be read, CPU package + DRAM energy."""
@@ -343,12 +365,13 @@ class Monitor:
     def _pick_interval(self, wanted: Interval, first: TickBatch) -> float | None:
         if wanted != "auto":
             return None if wanted is None else float(wanted)
+        reported = set(self._report)  # a power-only GPU left out by devices= needs no thread
         for row, dev in enumerate(first.devices):
-            if is_host_device(dev):
+            if is_host_device(dev) or dev.uuid not in reported:
                 continue
             if math.isfinite(first.values[row, _POWER]) and not math.isfinite(first.values[row, _ENERGY]):
                 return DEFAULT_INTERVAL_S  # power without a counter: it must be integrated, so sample
-        if isinstance(self.source, _WithRapl):
+        if isinstance(self.source, _WithRapl) and any(is_host_device(d) for d in self.devices):
             return RAPL_INTERVAL_S  # RAPL wraps every few minutes: a long window needs readings between
         return None
 
@@ -369,9 +392,18 @@ class Monitor:
 
     def begin_window(self, name: str, *, sync: bool | None = None) -> None:
         """Open window `name` (unique among the open ones): sync, then take the first reading."""
+        self._begin(name, name, sync)
+
+    def end_window(self, name: str, *, sync: bool | None = None) -> Measurement:
+        """Close window `name` and return its time, per-device energy and cost."""
+        return self._end(name, sync)
+
+    def _begin(self, key: str | _Key, name: str, sync: bool | None) -> None:
+        """Open a window under `key`: its name when opened by name, a private key for `measure()`'s."""
+        self._check_process()
         with self._lock:
             self._check_usable()
-            self._check_new(name)
+            self._check_new(key)
         if self.sync if sync is None else sync:
             _sync_cuda()
         # The gap rule judges the readings' own clock: a replay's runs `speed` times the wall clock.
@@ -380,27 +412,28 @@ class Monitor:
         meter = FleetEnergyMeter(interval_s=period, gap_factor=self.gap_factor)
         with self._lock:
             self._check_usable()
-            self._check_new(name)  # again: another thread may have opened it while CUDA synced
-            window = self._open[name] = _Open(name, time.time(), time.monotonic(), meter)
+            self._check_new(key)  # again: another thread may have opened it while CUDA synced
+            window = self._open[key] = _Open(name, time.time(), time.monotonic(), meter)
             self._read_or_note(window, "start")
             if self.interval_s is not None:
                 self._start_sampling()
 
-    def end_window(self, name: str, *, sync: bool | None = None) -> Measurement:
-        """Close window `name` and return its time, per-device energy and cost."""
+    def _end(self, key: str | _Key, sync: bool | None) -> Measurement:
+        self._check_process()
         with self._lock:
-            self._window(name)
+            self._window(key)
         if self.sync if sync is None else sync:
             _sync_cuda()
         with self._lock:
-            window = self._window(name)
+            window = self._window(key)
             self._read_or_note(window, "end")
             end_mono = time.monotonic()
-            self._drop(name)
+            self._drop(key)
             return self._result(window, end_mono)
 
     def cancel_window(self, name: str) -> None:
         """Drop window `name` without measuring it."""
+        self._check_process()
         with self._lock:
             self._window(name)
             self._drop(name)
@@ -410,22 +443,33 @@ class Monitor:
         return Window(self, name, sync=sync)
 
     def open_windows(self) -> list[str]:
+        """The names of the open windows (`measure()`'s may repeat a name: each is its own window)."""
+        self._check_process()
         with self._lock:
-            return list(self._open)
+            return [w.name for w in self._open.values()]
 
     def sample(self) -> None:
         """Take one reading now into every open window (what the background thread does each interval)."""
+        self._check_process()
         with self._lock:
             self._check_usable()
             if self._open:
                 self._read_into_open()
 
     def close(self) -> None:
-        """Stop sampling and release the source; open windows are dropped."""
+        """Stop sampling and release the source; open windows are dropped (and said, in one line)."""
+        if os.getpid() != self._pid:
+            # A forked child's copy (e.g. the shared monitor's atexit in a child that exits normally): its
+            # lock may have been held by a thread the child does not have, and NVML is the parent's to shut.
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if self._open:  # a forgotten end_window (or exit inside a window): not measured, and said so
+                names = ", ".join(repr(w.name) for w in self._open.values())
+                self._say(f"monitor closed with window(s) still open, not measured: {names}")
             self._open.clear()
             thread = self._detach_sampler()
         if thread is not None:
@@ -440,26 +484,36 @@ class Monitor:
 
     # ---- internals ----
 
+    def _check_process(self) -> None:
+        """Before the lock: a forked child's copy of a Monitor must not be used (its lock may be held by a
+        thread the child does not have: a deadlock; its sampling thread is not there either)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this Monitor was opened in process {self._pid}, before a fork; create one in this process "
+                "(phasescope.measure() without monitor= does)")
+
     def _check_usable(self) -> None:
         if self._closed:
             raise RuntimeError("this Monitor is closed; create a new one")
 
-    def _window(self, name: str) -> _Open:
+    def _window(self, key: str | _Key) -> _Open:
         self._check_usable()
-        window = self._open.get(name)
+        window = self._open.get(key)
         if window is None:
-            open_now = ", ".join(repr(n) for n in self._open) or "none"
+            name = key.name if isinstance(key, _Key) else key
+            open_now = ", ".join(repr(w.name) for w in self._open.values()) or "none"
             raise ValueError(f"window {name!r} is not open (open windows: {open_now})")
         return window
 
-    def _check_new(self, name: str) -> None:
-        if name in self._open:
+    def _check_new(self, key: str | _Key) -> None:
+        if key in self._open:
+            name = key.name if isinstance(key, _Key) else key
             raise ValueError(f"window {name!r} is already open; end it first or use another name")
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, key: str | _Key) -> None:
         """Forget an open window; the last one out stops the background readings (the thread ends at its
         next wake-up, which the stop event makes immediate; not joined, so end_window does not wait)."""
-        del self._open[name]
+        del self._open[key]
         if not self._open:
             self._detach_sampler()
 
@@ -490,8 +544,13 @@ class Monitor:
             window.take(batch, self._zones())
 
     def _zones(self) -> dict[str, float] | None:
-        """RAPL's per-zone joules at the reading just taken (the lock orders readings)."""
-        return self.source.zones if isinstance(self.source, _WithRapl) else None
+        """RAPL's per-zone joules at the reading just taken (the lock orders readings); None when its
+        packages + DRAM total is not finite: the energy skips that reading, so the split does too (a zone
+        failing at the end used to leave NaN in `parts` and `dram_energy` beside a finite energy)."""
+        if not isinstance(self.source, _WithRapl):
+            return None
+        zones = self.source.zones
+        return zones if zones and math.isfinite(self.source.rapl.total_j(zones)) else None
 
     def _read_or_note(self, window: _Open, when: str) -> None:
         """A reading for every open window; a source that raises costs this reading, not the window."""
@@ -522,17 +581,21 @@ class Monitor:
 
     def _sample_loop(self, stop: threading.Event) -> None:
         assert self.interval_s is not None
-        sampler = Sampler(_Reads(self), self.interval_s)
+        sampler = Sampler(_Reads(self, stop), self.interval_s)
         try:
             sampler.run(lambda _batch: None, stop=stop)
         except Exception as exc:  # a failing source stops the background readings, not the windows
-            self._note(f"background sampling stopped: {type(exc).__name__}: {exc}; energy between "
-                       "begin and end now comes from those two readings")
+            with self._lock:  # notes and _said are the windows' too
+                self._note(f"background sampling stopped: {type(exc).__name__}: {exc}; energy between "
+                           "begin and end now comes from those two readings")
 
     def _result(self, window: _Open, end_mono: float) -> Measurement:
         results = {r.device: r for r in window.meter.results()}
         infos = {d.uuid: d for d in self._all_devices}
         prices, _ = mig_prices({u: self._price(infos[u]) for u in infos}, self._all_devices)
+        # Beside GPUs the host row is priced by its energy alone: the $/GPU-hour is the machine's GPU rent,
+        # and charged again for the host it would bill a one-GPU machine twice for each hour.
+        with_gpus = any(not is_host_device(d) for d in self._all_devices)
         out = []
         for uuid in self._report:
             info = infos[uuid]
@@ -559,10 +622,14 @@ class Monitor:
             parts: dict[str, float] = {}
             if window.zones and is_host_device(info):
                 first, last = window.zones
-                parts = {k: last[k] - first[k] for k in last if k in first}
+                parts = {k: last[k] - first[k] for k in last
+                         if k in first and math.isfinite(last[k] - first[k])}  # a core/psys zone that failed
+            price = prices[uuid]
+            if with_gpus and is_host_device(info):
+                price = replace(price, usd_per_gpu_hour=None)
             out.append(DeviceMeasurement(
                 uuid, info.name, info.index, r.method, r.joules if measured else None, r.span_s, r.covered_s,
-                util, device_cost(r, prices[uuid]), is_host_device(info), tuple(notes), parts))
+                util, device_cost(r, price), is_host_device(info), tuple(notes), parts))
         return Measurement(window.name, window.start_wall, end_mono - window.start_mono, tuple(out),
                            window.samples, tuple(self.notes + window.notes))
 
@@ -577,13 +644,16 @@ class _Reads:
 
     name = "phasescope-monitor"
 
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(self, monitor: Monitor, stop: threading.Event) -> None:
         self.monitor = monitor
+        self.stop = stop
 
     def read(self) -> TickBatch:
         m = self.monitor
         with m._lock:
-            if m._open and not m._closed:
+            # A thread told to stop reads no more: waiting on the lock, it would otherwise put one more
+            # reading into the windows opened since, beside the new thread's.
+            if m._open and not m._closed and not self.stop.is_set():
                 m._read_into_open()
         return TickBatch.empty(time.time(), [])
 
@@ -600,16 +670,22 @@ class _Reads:
 class Window:
     """`with monitor.window(name) as w:` ... then `w.result` (a Measurement), also when the body raised."""
 
-    def __init__(self, monitor: Monitor, name: str, *, sync: bool | None = None, owned: bool = False) -> None:
+    def __init__(self, monitor: Monitor, name: str, *, sync: bool | None = None, owned: bool = False,
+                 private: bool = False) -> None:
         self.monitor = monitor
         self.name = name
         self.sync = sync
         self.result: Measurement | None = None
         self._owned = owned  # a monitor made for this window alone: closed with it
+        # measure()'s windows are keyed by this object, not by name: two threads (or a recursion) that
+        # measure "step" on the shared monitor each get their own window instead of "already open".
+        self._private = private
+        self._key: str | _Key = name
 
     def __enter__(self) -> Window:
+        self._key = _Key(self.name) if self._private else self.name
         try:
-            self.monitor.begin_window(self.name, sync=self.sync)
+            self.monitor._begin(self._key, self.name, self.sync)
         except BaseException:
             if self._owned:
                 self.monitor.close()
@@ -619,7 +695,7 @@ class Window:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            self.result = self.monitor.end_window(self.name, sync=self.sync)
+            self.result = self.monitor._end(self._key, self.sync)
         finally:
             if self._owned:
                 self.monitor.close()
@@ -631,12 +707,23 @@ _shared: Monitor | None = None
 _shared_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A fresh lock for the child: another thread of the parent may have held this one at the fork."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def shared_monitor() -> Monitor:
     """The process-wide Monitor `measure(name)` uses without options: opened on first use (NVML once),
     closed at exit, so `with phasescope.measure("step"):` inside a loop costs two readings, not a setup."""
     global _shared
     with _shared_lock:
-        if _shared is None or _shared._closed:
+        # A forked child opens its own (the parent's copy is left alone: see Monitor._check_process).
+        if _shared is None or _shared._closed or _shared._pid != os.getpid():
             _shared = Monitor()
             atexit.register(_shared.close)
         return _shared
@@ -647,16 +734,18 @@ def measure(name: str = "window", *, monitor: Monitor | None = None, sync: bool 
     """`with phasescope.measure("epoch") as w: ...` then `w.result` (time, energy per device, cost).
 
     monitor: measure on this Monitor. options (source=, devices=, interval_s=, prices=, config=): a Monitor
-    of its own for this one window, closed with it. Neither: the shared process-wide Monitor.
+    of its own for this one window, closed with it. Neither: the shared process-wide Monitor (one per
+    process: a forked child opens its own). Each call is a window of its own, whatever its name: threads
+    may measure "step" at the same time, and nested measure() calls need no distinct names.
     """
     if monitor is not None and options:
         raise TypeError(
             f"measure(): give either monitor= or Monitor options, not both ({', '.join(options)})")
     if monitor is not None:
-        return Window(monitor, name, sync=sync)
+        return Window(monitor, name, sync=sync, private=True)
     if options:
-        return Window(Monitor(**options), name, sync=sync, owned=True)
-    return Window(shared_monitor(), name, sync=sync)
+        return Window(Monitor(**options), name, sync=sync, owned=True, private=True)
+    return Window(shared_monitor(), name, sync=sync, private=True)
 
 
 # ---------------------------------------------------------------- helpers

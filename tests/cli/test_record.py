@@ -266,3 +266,25 @@ def test_a_store_that_cannot_be_written_stops_the_store_not_the_recording(
     recorded = sum(len(t) for t in read_recording(out))
     with Store(db, read_only=True) as store:
         assert 0 < store.count() < recorded
+
+
+@pytest.mark.parametrize("limit_bytes", [0, 600, 2_000])
+def test_a_disk_full_before_any_sample_is_kept_leaves_nothing_and_promises_nothing(
+    tmp_path: Path, shared_data: Path, limit_bytes: int
+) -> None:
+    """Disk full from the start: the header (0 B), the first tick's header (600 B) or the first batch
+    (2 kB) could not be written. That used to leave an empty FILE.partial/ that the next run refused
+    ("an existing partial recording") and --recover refused too (0 B), to say "nothing recorded: stopped
+    before the first sample" (600 B), or to promise a --recover that then found no sample (2 kB)."""
+    out = tmp_path / "r.parquet"
+    cmd = [sys.executable, "-m", "phasescope", "record", "-o", str(out), "--quiet", "--duration", "3",
+           "--source", f"replay:{shared_data / RUN}?speed=10"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_file_size_limit(limit_bytes))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"phasescope: {out}: ") and last.endswith("got 'File too large'")
+    assert "--recover" not in last and "nothing recorded" not in last
+    assert not list(tmp_path.iterdir())  # nothing left in the way of the next run
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr

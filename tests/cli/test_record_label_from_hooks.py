@@ -97,33 +97,17 @@ def test_a_phase_without_a_sample_is_left_out_of_the_labels(
     """Train, then a short evaluation between two ticks (0.1 s at the default 1 s interval): the row of that
     evaluation held no sample, and `phasescope eval` / `train-model` then refused the whole labels.csv."""
     import numpy as np
-    import torch
-    from torch import nn
 
     from phasescope.cli.record import _write_labels
     from phasescope.instrument import events as ev
-    from phasescope.instrument.hooks import Recorder
     from phasescope.instrument.labels import label_rows
     from phasescope.recording import RecordingWriter
     from phasescope.schema import SIGNAL_NAMES, DeviceInfo
     from phasescope.sources.base import TickBatch
+    from tests.instrument.tiny_training import train_then_eval  # imports torch
 
     events = tmp_path / "events"
-    rec = Recorder(events, flush_s=0)
-    rec.install()
-    try:
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(20):
-            opt.zero_grad()
-            model(torch.randn(2, 4)).sum().backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            for _ in range(4):
-                model(torch.randn(2, 4))
-    finally:
-        rec.uninstall()
+    train_then_eval(events, steps=20)
     device = DeviceInfo(uuid=ev.device_for_host(), name="cpu", index=0)
     train_row, eval_row = label_rows(events, "r.parquet", [device])
     t0, t1 = float(train_row["t_from"]), float(train_row["t_to"])

@@ -12,27 +12,14 @@ from phasescope.instrument import events as ev
 from phasescope.instrument.hooks import Recorder
 from phasescope.instrument.labels import LABEL_COLUMNS, label_rows, write_labels_csv
 from phasescope.schema import DeviceInfo
+from tests.instrument.tiny_training import train_then_eval
 
 
 def test_rows_follow_labels_csv_and_segments(tmp_path: Path, shared_data: Path) -> None:
     with open(shared_data / "labels.csv", newline="") as fh:
         assert tuple(next(csv.reader(fh))) == LABEL_COLUMNS
 
-    rec = Recorder(tmp_path / "events", flush_s=0)
-    rec.install()
-    try:
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(3):
-            opt.zero_grad()
-            model(torch.randn(2, 4)).sum().backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            for _ in range(4):
-                model(torch.randn(2, 4))
-    finally:
-        rec.uninstall()
+    train_then_eval(tmp_path / "events", steps=3)
     host = ev.device_for_host()
     devices = [DeviceInfo(uuid="GPU-other", index=0), DeviceInfo(uuid=host, name="cpu", index=1)]
     rows = label_rows(tmp_path / "events", "rec.parquet", devices, family="mlp", run="r1")

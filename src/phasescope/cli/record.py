@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -198,9 +199,14 @@ def command(
             except OSError as exc:  # its folder cannot be made (a file in the way, read-only): as serve says
                 raise InputError(store_path, "--store", "a store file that can be created and written",
                                  exc.strerror or str(exc)) from None
+        partial_was_there = partial_dir_for(path).exists()  # then RecordingWriter refuses, in one line
         try:
             writer = RecordingWriter(path, source_spec=source_spec, interval_s=interval, segment_s=segment_s)
         except OSError as exc:  # its FILE.partial/ directory cannot be made (no such folder, read-only)
+            if not partial_was_there:
+                # Made, then its header could not be written (disk full): left there, the next run's
+                # RecordingWriter refused it as "an existing partial recording" that --recover refused too.
+                shutil.rmtree(partial_dir_for(path), ignore_errors=True)
             raise InputError(path, "--output", "a path where a new recording can be written",
                              exc.strerror or str(exc)) from None
         if not cmd:
@@ -334,7 +340,7 @@ def _record(
         progress.update(force=True)
         progress.done()
         writer.note_errors(source.error_counts())
-        if writer.ticks == 0:
+        if writer.ticks == 0 and not write_failed:
             writer.discard()
             raise SourceError("nothing recorded: stopped before the first sample")
         if not write_failed:
@@ -344,12 +350,32 @@ def _record(
                 write_failed.append(exc)
     if write_failed:
         partial = partial_dir_for(path)
+        why = os.strerror(write_failed[0].errno) if write_failed[0].errno else str(write_failed[0])
+        if not _kept_samples(partial):
+            # Nothing reached the disk (the first writes failed): --recover would refuse the folder, and a
+            # new run would refuse to start beside it, so it goes, and the line does not promise a recovery.
+            with contextlib.suppress(OSError):
+                writer.discard()
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RecordingWriteError(path, "writing the recording", "room to write (no sample reached the "
+                                      "disk: nothing is kept)", why)
         raise RecordingWriteError(
             partial, "writing the recording",
             f"room to write (the samples written so far are kept: once there is room, finish them with "
             f"'phasescope record --recover {partial}')",
-            os.strerror(write_failed[0].errno) if write_failed[0].errno else str(write_failed[0]))
+            why)
     click.echo(f"phasescope: {_summary(manifest, path)}", err=True)
+
+
+def _kept_samples(partial: Path) -> bool:
+    """Whether a complete sample batch of this partial recording is on disk (what --recover needs). Stops
+    at the first one found: cheap however long the recording ran."""
+    from phasescope.recording import SAMPLE_SCHEMA, _iter_segments
+
+    try:
+        return any(table.num_rows for table, _ in _iter_segments(partial, "seg", SAMPLE_SCHEMA))
+    except Exception:  # unreadable here: keep the folder, and let --recover say what it finds
+        return True
 
 
 def sampler_interval(sampler: Any) -> float:
