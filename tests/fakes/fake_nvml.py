@@ -9,7 +9,9 @@ counters. What it can script:
 - a GPU that falls off the bus from tick N (GpuIsLost, or Unknown on every call): `lose()`;
 - a missing library / unloaded driver: `FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)`;
 - MIG: a parent with N MIG children, each replaying its own trace: `FakeNvml(mig={0: [trace, trace]})`;
-- NotSupported for any signal the trace lacks (the device "does not have" it), NoData for one NaN sample.
+- NotSupported for any signal the trace lacks (the device "does not have" it), NoData for one NaN sample;
+- GPU health: ECC counters, remapped rows, PCIe replays, memory temperature (`set_health()`; NotSupported
+  until set, as on a consumer GPU), and XID events queued to the event sets registered on a GPU (`xid()`).
 
 A struct call (utilisation, memory info) is served only when all its fields are known; a static fact the
 traces do not record (memory total, power limit, max clocks) comes from the caller or reads NotSupported.
@@ -57,7 +59,12 @@ PATCHED = (
     "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet",
     "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieReplayCounter",
+    "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
 )
+_ERROR_TYPES = {pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected"}
+_ECC_SCOPES = {pynvml.NVML_VOLATILE_ECC: "volatile", pynvml.NVML_AGGREGATE_ECC: "aggregate"}
 _GPM_SIGNAL = {
     pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_active",
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active",
@@ -78,6 +85,25 @@ class FakeProcess:
     sm_util_pct: int | None = None
     from_tick: int = 0
     until_tick: int | None = None
+
+
+@dataclass
+class FakeHealth:
+    """A GPU's health counters as NVML reports them; None: the GPU does not offer it (NotSupported)."""
+
+    ecc: dict[tuple[str, str], int] | None = None  # ("corrected"|"uncorrected", "volatile"|"aggregate") -> n
+    remapped_rows: tuple[int, int, int, int] | None = None  # correctable, uncorrectable, pending, failure
+    pcie_replays: int | None = None
+    mem_temp_c: int | None = None  # NVML_FI_DEV_MEMORY_TEMP
+
+
+@dataclass(eq=False)
+class _EventSet:
+    """What nvmlEventSetCreate returns: the GPUs registered on it and the events queued for it."""
+
+    gpus: set[Any] = field(default_factory=set)
+    queue: list[tuple[int, int]] = field(default_factory=list)  # (xid, gpu instance id)
+    freed: bool = False
 
 
 @dataclass
@@ -111,6 +137,7 @@ class FakeGpu:
     times: list[float] = field(default_factory=list)
     energy_mj: list[float] | None = None
     nvlink_kib: tuple[list[float], list[float]] | None = None  # cumulative TX, RX counters
+    health: FakeHealth = field(default_factory=FakeHealth)
 
     def __hash__(self) -> int:
         return id(self)
@@ -153,6 +180,7 @@ class FakeNvml:
         self.calls: Counter[str] = Counter()
         self.rules: list[_Rule] = []
         self._gpm_samples: dict[int, tuple[FakeGpu | None, int, Any]] = {}
+        self.event_sets: list[_EventSet] = []
         seen: set[str] = set()
         self.gpus: list[FakeGpu] = []
         for i, trace in enumerate(traces):
@@ -206,6 +234,21 @@ class FakeNvml:
         """From `from_tick`, every call on this GPU (and its MIG instances) raises `code`."""
         self.gpus[device].lost_from = from_tick
         self.gpus[device].lost_code = code
+
+    def set_health(self, device: int, **counters: Any) -> None:
+        """Set a GPU's health counters (FakeHealth fields; None = NotSupported) from now on."""
+        gpu = self.gpus[device]
+        for name, value in counters.items():
+            if not hasattr(gpu.health, name):
+                raise TypeError(f"fake NVML: no health counter {name!r}")
+            setattr(gpu.health, name, dict(value) if isinstance(value, dict) else value)
+
+    def xid(self, device: int, code: int, gpu_instance_id: int = 0xFFFFFFFF) -> None:
+        """An XID error on GPU `device`: queued for every live event set it is registered on."""
+        gpu = self.gpus[device]
+        for evset in self.event_sets:
+            if gpu in evset.gpus and not evset.freed:
+                evset.queue.append((code, gpu_instance_id))
 
     def all_devices(self) -> list[FakeGpu]:
         return [d for g in self.gpus for d in (g, *g.children)]
@@ -263,6 +306,10 @@ class FakeNvml:
         self.calls[call] += 1
         if not self.initialized:
             raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+        for rule in self.rules:  # a rule on a call that takes no device applies with device=None only
+            if rule.call == call and rule.device is None and self.tick >= rule.from_tick and (
+                    rule.until_tick is None or self.tick < rule.until_tick):
+                raise nvml_error(rule.code)
 
     # ---- the NVML API ------------------------------------------------------------------------------
 
@@ -416,6 +463,14 @@ class FakeNvml:
             v.fieldId, v.scopeId, v.timestamp = field_id, scope, t_us
             v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             series = None
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                if gpu.parent is None and gpu.health.mem_temp_c is not None:
+                    v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                    v.value.uiVal = gpu.health.mem_temp_c
+                    v.nvmlReturn = pynvml.NVML_SUCCESS
+                else:
+                    v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
             if gpu.nvlink_kib is not None and gpu.parent is None:
                 if field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
                     series = gpu.nvlink_kib[0]
@@ -526,6 +581,59 @@ class FakeNvml:
         if not samples:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)  # what NVML says when nothing is newer
         return samples
+
+    # Health: board-level, so NotSupported on a MIG instance, as the board readings above.
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
+        gpu = self._phys_only("nvmlDeviceGetTotalEccErrors", handle)
+        if gpu.health.ecc is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if error_type not in _ERROR_TYPES or counter_type not in _ECC_SCOPES:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.health.ecc.get((_ERROR_TYPES[error_type], _ECC_SCOPES[counter_type]), 0)
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        gpu = self._phys_only("nvmlDeviceGetRemappedRows", handle)
+        if gpu.health.remapped_rows is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.health.remapped_rows
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        gpu = self._phys_only("nvmlDeviceGetPcieReplayCounter", handle)
+        if gpu.health.pcie_replays is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.health.pcie_replays
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._global("nvmlEventSetCreate")
+        evset = _EventSet()
+        self.event_sets.append(evset)
+        return evset
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, evset: Any) -> None:
+        gpu = self._phys_only("nvmlDeviceRegisterEvents", handle)
+        if not isinstance(evset, _EventSet) or evset.freed:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if event_types & ~pynvml.nvmlEventTypeXidCriticalError:  # only XIDs are scripted
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        evset.gpus.add(gpu)
+
+    def nvmlEventSetWait_v2(self, evset: Any, timeout_ms: int) -> Any:
+        self._global("nvmlEventSetWait_v2")
+        if not isinstance(evset, _EventSet) or evset.freed:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if timeout_ms != 0:  # a test must never block: the source polls
+            raise RuntimeError("fake NVML: nvmlEventSetWait_v2 with a timeout would block")
+        if not evset.queue:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+        xid, gi = evset.queue.pop(0)
+        return pynvml.c_nvmlEventData_t(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
+                                        gpuInstanceId=gi, computeInstanceId=0xFFFFFFFF)
+
+    def nvmlEventSetFree(self, evset: Any) -> None:
+        self._global("nvmlEventSetFree")
+        if not isinstance(evset, _EventSet) or evset.freed:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        evset.freed = True
 
     # ---- installation ------------------------------------------------------------------------------
 

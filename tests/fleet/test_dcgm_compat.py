@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.fleet.harness import (
     PROMETHEUS,
@@ -108,8 +109,12 @@ def test_compat_rules_pass_promtool_check_and_unit_tests() -> None:
     assert RULES.name in prom["rule_files"]
 
 
+def _health_rule(rule: dict[str, Any]) -> bool:
+    return any(m.name in rule["expr"] for m in mn.HEALTH_METRICS)
+
+
 def test_every_rule_reads_agent_metrics_and_is_marked() -> None:
-    agent = {m.name for m in mn.SIGNAL_METRICS.values()} | {mn.GPU_INFO.name}
+    agent = {m.name for m in (*mn.SIGNAL_METRICS.values(), *mn.HEALTH_METRICS)} | {mn.GPU_INFO.name}
     rules = _rules()
     assert rules[0]["record"] == LABELS_INFO  # evaluated first: the others read it at the same time
     for r in rules:
@@ -127,7 +132,7 @@ def test_every_rule_reads_agent_metrics_and_is_marked() -> None:
 def test_every_signal_with_a_dcgm_field_is_published() -> None:
     """Each schema signal the fleet reader maps from a dcgm field is published under that field, or under
     another dcgm field of the same signal (PCIe: both the NVML and the profiling names are)."""
-    published = {_signal_of(r) for r in _records().values()} - {""}
+    published = {_signal_of(r) for r in _records().values() if not _health_rule(r)} - {""}
     mapped = {sig for sig, _ in FIELDS.values()}
     assert mapped <= published, mapped - published
     assert published <= set(SIGNALS)
@@ -156,6 +161,93 @@ def test_units_are_the_inverse_of_the_fleet_readers(tmp_path: Path) -> None:
                              "value": values[signal] / factor}],
         })
     assert len(checks) >= 20
+    doc = {"rule_files": [str(RULES)], "evaluation_interval": "1m",
+           "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    unit = _promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert unit.returncode == 0, unit.stdout[-3000:] + unit.stderr
+
+
+# dcgm-exporter field -> (the agent's health metric, the label that picks the series, its value in the agent's
+# scrape below); dcgm-exporter's units are the agent's (counts, 0/1, C).
+HEALTH_FIELDS: dict[str, tuple[mn.MetricName, str]] = {
+    "DCGM_FI_DEV_XID_ERRORS": (mn.GPU_LAST_XID, ""),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": (mn.GPU_ECC_ERRORS, 'type="corrected",scope="volatile"'),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": (mn.GPU_ECC_ERRORS, 'type="corrected",scope="aggregate"'),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": (mn.GPU_ECC_ERRORS, 'type="uncorrected",scope="volatile"'),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": (mn.GPU_ECC_ERRORS, 'type="uncorrected",scope="aggregate"'),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": (mn.GPU_REMAPPED_ROWS, 'cause="correctable"'),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (mn.GPU_REMAPPED_ROWS, 'cause="uncorrectable"'),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": (mn.GPU_ROW_REMAP_FAILURE, ""),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": (mn.GPU_ROW_REMAP_PENDING, ""),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": (mn.GPU_PCIE_REPLAYS, ""),
+    "DCGM_FI_DEV_MEMORY_TEMP": (mn.GPU_MEM_TEMPERATURE, ""),
+}
+
+
+def test_every_health_metric_is_published_and_no_longer_listed_unmapped() -> None:
+    records = _records()
+    health = {f: r for f, r in records.items() if _health_rule(r)}
+    assert set(health) == set(HEALTH_FIELDS)
+    assert {m for m, _ in HEALTH_FIELDS.values()} == set(mn.HEALTH_METRICS) - {mn.GPU_XID_ERRORS}
+    for field, (metric, selector) in HEALTH_FIELDS.items():
+        assert metric.name in health[field]["expr"] and selector.replace(",", ", ") in health[field]["expr"]
+    header = RULES.read_text().split("\ngroups:")[0]
+    not_mapped = header.split("# Not mapped")[1]
+    assert not [f for f in HEALTH_FIELDS if f in not_mapped]  # published, so no longer called unmapped
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    from phasescope.classify.model import PhaseModel
+
+    return PhaseModel.load()
+
+
+def test_health_from_the_agents_own_scrape(
+    shared_data: Path, fake_nvml: Any, model: Any, tmp_path: Path
+) -> None:
+    """The agent's real /metrics (NvmlSource over the fake NVML: one GPU with every health counter, one
+    consumer GPU with PCIe replays only) through the compat rules: each dcgm field carries the agent's
+    value under dcgm-exporter's labels, and the consumer GPU gets no ECC, remap or memory temperature."""
+    from tests.serve.test_health_metrics import health_agent
+
+    from phasescope.serve.collector import registry_for
+
+    fake, source, agent = health_agent(shared_data, fake_nvml, model)
+    fake.xid(1, 79)
+    agent.on_tick(source.read())
+    text = generate_latest(registry_for(agent, host="node1")).decode()
+    source.close()
+    keep = {m.name for m in mn.HEALTH_METRICS} | {mn.GPU_INFO.name}
+    target = {"job": "phasescope-agent", "instance": "node1:9464"}
+    inputs, scraped = [], {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in keep:
+                labels = {**s.labels, **target}
+                body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                inputs.append({"series": f"{s.name}{{{body}}}", "values": f"{s.value} {s.value}"})
+                scraped[(s.name, frozenset(s.labels.items()))] = s.value
+    devices = [(d.uuid, str(d.index), d.name, d.host) for d in source.devices()]
+    checks = []
+    for field, (metric, selector) in HEALTH_FIELDS.items():
+        want = dict(re.findall(r'(\w+)="([^"]*)"', selector))
+        samples = []
+        for uuid, index, name, host in devices:
+            own = {"uuid": uuid, "gpu": index, "model": name, "host": host, **want}
+            value = scraped.get((metric.name, frozenset(own.items())))
+            if value is None:
+                continue  # the agent has no series: neither does the compat rule
+            out = {"gpu": index, "UUID": uuid, "modelName": name, "Hostname": host, "uuid": uuid,
+                   **target, "exporter": "phasescope-compat"}
+            samples.append({"labels": field + "{" + ",".join(f'{k}="{v}"' for k, v in out.items()) + "}",
+                            "value": value})
+        checks.append({"expr": field, "eval_time": "1m", "exp_samples": samples})
+    by_field = {c["expr"]: len(c["exp_samples"]) for c in checks}
+    assert by_field["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] == 1 and by_field["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == 2
+    xid = next(c for c in checks if c["expr"] == "DCGM_FI_DEV_XID_ERRORS")["exp_samples"]
+    assert sorted(s["value"] for s in xid) == [0.0, 79.0]
     doc = {"rule_files": [str(RULES)], "evaluation_interval": "1m",
            "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, sort_keys=False))

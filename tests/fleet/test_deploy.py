@@ -73,6 +73,13 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
     alerts = {t["alertname"] for case in tests for t in case.get("alert_rule_test", [])}
     assert "PhasescopeInferenceOnlyGPUTraining" in alerts
     assert "PhasescopeInferenceOnlyGPUTrainingStarted" in alerts  # the onset alarm's early warning
+    # GPU health: each alert has a unit test (fires on its counter, not on a GPU without it).
+    health = {"PhasescopeGPUCriticalXid", "PhasescopeGPUXidErrors", "PhasescopeGPUUncorrectableEccErrors",
+              "PhasescopeGPURowRemapFailure", "PhasescopeGPURowRemapPending"}
+    assert health <= alerts
+    rules = yaml.safe_load((PROM / "rules.yml").read_text())
+    for r in (r for g in rules["groups"] for r in g["rules"] if r.get("alert") in health):
+        assert _referenced(r["expr"]) <= {m.name for m in mn.HEALTH_METRICS}, r["alert"]
 
 
 def test_rules_read_only_metrics_that_exist() -> None:

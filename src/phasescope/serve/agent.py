@@ -25,7 +25,7 @@ from phasescope.live_history import backfill_phases, loaded_note, recent_traces
 from phasescope.live_state import LiveState, Row, phase_from_hooks
 from phasescope.sampler import Sampler
 from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
-from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.sources.base import SIGNAL_COLUMN, GpuHealth, LiveSource, TickBatch
 from phasescope.sources.host import is_host_device
 from phasescope.store import Store
 
@@ -42,6 +42,25 @@ def _num(x: float, digits: int = 6) -> float | None:
 def _series(values: FloatArray, digits: int) -> list[float | None]:
     rounded = np.round(values, digits)
     return [float(v) if math.isfinite(v) else None for v in rounded.tolist()]
+
+
+def _health_doc(h: GpuHealth | None) -> dict[str, Any] | None:
+    """A GPU's health for /api/state: only what the GPU offers (no key, not 0, for the rest); None when its
+    source reads no health (the host, a replay, a MIG instance: its parent GPU has it)."""
+    if h is None:
+        return None
+    doc: dict[str, Any] = {"time": _num(h.time, 3)}
+    if h.ecc:
+        doc["ecc_errors"] = {kind: dict(scopes) for kind, scopes in h.ecc.items()}
+    if h.remapped_rows:
+        doc["remapped_rows"] = dict(h.remapped_rows)
+    for key, value in (("row_remap_pending", h.remap_pending), ("row_remap_failure", h.remap_failure),
+                       ("pcie_replays", h.pcie_replays), ("mem_temperature_c", h.mem_temperature_c),
+                       ("xid_errors", h.xid_errors), ("last_xid", h.last_xid),
+                       ("last_xid_time", h.last_xid_time)):
+        if value is not None:
+            doc[key] = value
+    return doc
 
 
 class Agent:
@@ -81,7 +100,8 @@ class Agent:
         self.started = time.time()
         self.exhausted = False  # a replay that reached its end: the last picture stays up
         self.failure = ""
-        self._lock = threading.Lock()  # guards self.energy
+        self._lock = threading.Lock()  # guards self.energy and self._health
+        self._health: dict[str, GpuHealth] = {}  # uuid -> the source's last health read (NVML)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sampling = False
@@ -184,6 +204,7 @@ class Agent:
                 phases.pop(uuid, None)
         with self._lock:
             self.energy.update(batch, phases)
+            self._health.update(batch.health)
         self._last_tick_mono = time.monotonic()
 
     # ---- readers ----
@@ -215,6 +236,12 @@ class Agent:
                 for uuid, m in self.energy.meters.items()
             }
 
+    def health(self) -> dict[str, GpuHealth]:
+        """uuid -> the GPU's last health read (ECC, remapped rows, PCIe replays, memory temperature, XIDs);
+        GPUs whose source reads none are absent."""
+        with self._lock:
+            return dict(self._health)
+
     def energy_methods(self) -> dict[str, str]:
         with self._lock:
             return {uuid: m.method for uuid, m in self.energy.meters.items()}
@@ -233,6 +260,7 @@ class Agent:
         totals: dict[str, dict[str, float]] = {}
         # MIG rows at their share of the physical GPU's prices, as `top`'s and `cost`'s (kpi/cost.py).
         row_prices, price_notes = self.state.row_prices()
+        health = self.health()
         for info, latest, reading, lost in self.devices():
             prices = row_prices.get(info.uuid) or self.prices.for_device(info.name)
             measured = methods.get(info.uuid, "none") != "none"
@@ -266,6 +294,7 @@ class Agent:
                 "energy": {"method": methods.get(info.uuid, "none"), "phases": phases},
                 "priced": prices.priced,
                 "price_note": price_notes.get(info.uuid, ""),
+                "health": _health_doc(health.get(info.uuid)),
             })
         return {
             "source": self.source.name,

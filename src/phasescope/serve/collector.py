@@ -12,6 +12,10 @@ out as the info metrics `phasescope_gpu_pod_info` / `phasescope_gpu_process_info
 the other series keep their fixed label set. The one thing kept between scrapes is that mapping, redone
 when the GPU processes change or after ATTRIBUTION_TTL_S. The host pseudo-device is exported as
 `phasescope_host_*` only: CPU figures under a GPU name would make every GPU count include the CPU.
+
+GPU health (ECC, remapped rows, PCIe replays, memory temperature, XIDs) comes from the source's last health
+read (`Agent.health()`); a counter the GPU does not offer has no series. A lost GPU keeps its last values: its
+last XID is why it was lost.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from phasescope.kpi.cost import mig_parent, mig_profile
 from phasescope.schema import PHASES, SIGNAL_NAMES, ProcessSample
 from phasescope.serve import metric_names as mn
-from phasescope.sources.base import SIGNAL_COLUMN
+from phasescope.sources.base import SIGNAL_COLUMN, GpuHealth
 from phasescope.sources.containers import ContainerResolver, merge_labels
 from phasescope.sources.host import is_host_device
 
@@ -40,6 +44,39 @@ def _family(metric: mn.MetricName, labels: list[str]) -> GaugeMetricFamily | Cou
     if metric.kind == "counter":
         return CounterMetricFamily(metric.family, metric.help, labels=labels)
     return GaugeMetricFamily(metric.name, metric.help, labels=labels)
+
+
+class _HealthFamilies:
+    """The health metric families of one scrape, filled per device."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.ecc = _family(mn.GPU_ECC_ERRORS, [*labels, "type", "scope"])
+        self.rows = _family(mn.GPU_REMAPPED_ROWS, [*labels, "cause"])
+        self.pending = _family(mn.GPU_ROW_REMAP_PENDING, labels)
+        self.failure = _family(mn.GPU_ROW_REMAP_FAILURE, labels)
+        self.replays = _family(mn.GPU_PCIE_REPLAYS, labels)
+        self.mem_temp = _family(mn.GPU_MEM_TEMPERATURE, labels)
+        self.xids = _family(mn.GPU_XID_ERRORS, labels)
+        self.last_xid = _family(mn.GPU_LAST_XID, labels)
+
+    def add(self, key: list[str], h: GpuHealth) -> None:
+        for kind, scopes in sorted(h.ecc.items()):
+            for scope, n in sorted(scopes.items()):
+                self.ecc.add_metric([*key, kind, scope], float(n))
+        for cause, n in sorted(h.remapped_rows.items()):
+            self.rows.add_metric([*key, cause], float(n))
+        for fam, flag in ((self.pending, h.remap_pending), (self.failure, h.remap_failure)):
+            if flag is not None:
+                fam.add_metric(key, 1.0 if flag else 0.0)
+        for fam, v in ((self.replays, h.pcie_replays), (self.mem_temp, h.mem_temperature_c),
+                       (self.xids, h.xid_errors), (self.last_xid, h.last_xid)):
+            if v is not None:
+                fam.add_metric(key, float(v))
+
+    def families(self) -> Iterator[Metric]:
+        fams = (self.ecc, self.rows, self.pending, self.failure, self.replays, self.mem_temp, self.xids,
+                self.last_xid)
+        yield from (f for f in fams if f.samples)
 
 
 ATTRIBUTION_TTL_S = 10.0
@@ -81,6 +118,8 @@ class PhasescopeCollector:
         host_labels = list(mn.HOST_LABELS)
         host_signals = {s: _family(m, host_labels) for s, m in mn.HOST_METRICS.items()}
         by_device = agent.energy_by_device()
+        health = agent.health()
+        health_families = _HealthFamilies(labels)
         pods = self._attribution(agent.state.processes())
         for info, latest, reading, _lost in agent.devices():
             if is_host_device(info):
@@ -94,6 +133,9 @@ class PhasescopeCollector:
             # A MIG instance's parent and profile: what prices a MIG GPU once in the fleet (kpi/cost.py).
             parent = mig_parent(info)
             gpu_info.add_metric([*key, parent, mig_profile(info) if parent else ""], 1.0)
+            h = health.get(info.uuid)
+            if h is not None:
+                health_families.add(key, h)
             for s, fam in signals.items():
                 v = float(latest[SIGNAL_COLUMN[s]])
                 if math.isfinite(v):
@@ -124,6 +166,7 @@ class PhasescopeCollector:
         yield from (proba, confidence, current, seconds, energy)
         yield from (f for f in (alarm, alarm_start) if f.samples)
         yield from (f for f in (gpu_info, pod_info, process_info) if f.samples)
+        yield from health_families.families()
         yield from (f for f in host_signals.values() if f.samples)
 
         up = _family(mn.SOURCE_UP, ["source"])

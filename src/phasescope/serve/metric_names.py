@@ -18,6 +18,13 @@ rather than two labels on every series: `phasescope_gpu_info{DEVICE_LABELS, pare
 For a MIG instance `parent_uuid` is its physical GPU's uuid and `mig_profile` its GPU-instance profile
 (`3g.40gb`); both are empty for a whole GPU. The fleet reads it to price a MIG GPU once (fleet/collect.py).
 
+GPU health (NVML, physical GPUs only, read every 10 s: sources/nvml.py) is not a schema signal and has its own
+metrics, each absent where the GPU does not offer it (no ECC on a consumer GPU), never 0:
+`phasescope_gpu_ecc_errors_total{type, scope}`, `phasescope_gpu_remapped_rows_total{cause}`,
+`phasescope_gpu_row_remap_pending`, `phasescope_gpu_row_remap_failure`, `phasescope_gpu_pcie_replays_total`,
+`phasescope_gpu_mem_temperature_celsius`, `phasescope_gpu_xid_errors_total` and `phasescope_gpu_last_xid`.
+deploy/prometheus/dcgm_compat.yml republishes them under dcgm-exporter's names.
+
 The host source's pseudo-device (CPU and RAM, no GPU) is exported as `phasescope_host_*`, never under a
 `phasescope_gpu_*` name, so nothing that counts GPUs counts a CPU.
 """
@@ -123,6 +130,41 @@ GPU_PROCESS_INFO = MetricName(
 GPU_INFO = MetricName(
     f"{PREFIX}_gpu_info", "gauge",
     "1 per GPU: a MIG instance's parent GPU uuid and GPU-instance profile (both empty for a whole GPU)",
+)
+
+# GPU health (sources/base.py GpuHealth).
+GPU_ECC_ERRORS = MetricName(
+    f"{PREFIX}_gpu_ecc_errors_total", "counter",
+    "ECC memory errors by type (corrected: single-bit, uncorrected: double-bit) and scope "
+    "(volatile: since the driver loaded, aggregate: the GPU's lifetime; do not sum the two)",
+)
+GPU_REMAPPED_ROWS = MetricName(
+    f"{PREFIX}_gpu_remapped_rows_total", "counter",
+    "Memory rows remapped to spare rows over the GPU's lifetime, by the cause of the errors "
+    "(correctable, uncorrectable)",
+)
+GPU_ROW_REMAP_PENDING = MetricName(
+    f"{PREFIX}_gpu_row_remap_pending", "gauge", "1 while a row remap waits for a GPU reset, else 0"
+)
+GPU_ROW_REMAP_FAILURE = MetricName(
+    f"{PREFIX}_gpu_row_remap_failure", "gauge", "1 once a row remap has failed (no spare row left), else 0"
+)
+GPU_PCIE_REPLAYS = MetricName(
+    f"{PREFIX}_gpu_pcie_replays_total", "counter", "PCIe replays (link-level retries) since the driver loaded"
+)
+GPU_MEM_TEMPERATURE = MetricName(
+    f"{PREFIX}_gpu_mem_temperature_celsius", "gauge", "GPU memory (HBM) temperature"
+)
+GPU_XID_ERRORS = MetricName(
+    f"{PREFIX}_gpu_xid_errors_total", "counter", "Critical XID error events seen since the agent started"
+)
+GPU_LAST_XID = MetricName(
+    f"{PREFIX}_gpu_last_xid", "gauge",
+    "Code of the newest XID error seen since the agent started (0: none), as dcgm-exporter's XID_ERRORS",
+)
+HEALTH_METRICS: tuple[MetricName, ...] = (
+    GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_PENDING, GPU_ROW_REMAP_FAILURE, GPU_PCIE_REPLAYS,
+    GPU_MEM_TEMPERATURE, GPU_XID_ERRORS, GPU_LAST_XID,
 )
 
 # The host source's pseudo-device: schema column -> what it holds there (sources/host.py).

@@ -10,6 +10,11 @@ Error policy (see docs/ARCHITECTURE.md, "NVML and host sources"):
 - a missing library or driver is a `SourceError` with one actionable line (`nvml_available()` says it
   without raising, for `--source auto`).
 
+GPU health (what dcgm-exporter users alert on: ECC errors, remapped rows, PCIe replays, memory temperature,
+XID errors) is per physical GPU state, not a signal: it is read every `health_interval_s` (HEALTH_INTERVAL_S)
+and handed on in `TickBatch.health`, so recordings, the store and the features do not change. XID events are
+drained every tick without blocking (NVML queues them), and each is one event line, as "GPU lost" is.
+
 Devices are keyed by UUID: NVML ignores CUDA_VISIBLE_DEVICES, so its indices are not the CUDA ones.
 pynvml functions are looked up on the module at call time, so the test fake can patch them.
 """
@@ -21,14 +26,14 @@ import math
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from phasescope.errors import SourceError
 from phasescope.schema import KB_PER_S, MHZ, PERCENT, SIGNAL_NAMES, DeviceInfo, ProcessSample
-from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
+from phasescope.sources.base import SIGNAL_COLUMN, GpuHealth, TickBatch
 
 try:
     import pynvml
@@ -41,7 +46,7 @@ _C = SIGNAL_COLUMN
 _UINT_MAX = 0xFFFFFFFF  # scopeId that asks NVML for the sum over all NVLinks
 
 # NVML return codes (values from nvml.h, mirrored by pynvml; literal so this module imports without it).
-_NOT_SUPPORTED, _NO_PERMISSION, _NOT_FOUND, _INVALID_ARGUMENT = 3, 4, 6, 2
+_NOT_SUPPORTED, _NO_PERMISSION, _NOT_FOUND, _INVALID_ARGUMENT, _TIMEOUT = 3, 4, 6, 2, 10
 _DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND, _FUNCTION_NOT_FOUND = 9, 12, 13
 _GPU_IS_LOST, _RESET_REQUIRED, _LIB_RM_MISMATCH, _GPU_NOT_FOUND, _UNKNOWN = 15, 16, 18, 28, 999
 # Failures that will not go away while we run: try once, then skip the call on that device.
@@ -53,6 +58,39 @@ _NVML_TEMPERATURE_GPU, _NVML_CLOCK_SM, _NVML_CLOCK_MEM = 0, 1, 2
 _NVML_PCIE_TX, _NVML_PCIE_RX = 0, 1
 _NVML_DEVICE_MIG_ENABLE = 1
 _FI_NVLINK_DATA_TX, _FI_NVLINK_DATA_RX = 138, 139  # cumulative KiB counters
+_FI_DEV_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP: memory (HBM) temperature, C
+_MEMORY_ERROR_TYPES = (("corrected", 0), ("uncorrected", 1))  # NVML_MEMORY_ERROR_TYPE_*
+_ECC_COUNTERS = (("volatile", 0), ("aggregate", 1))  # NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
+_EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+_NO_GPU_INSTANCE = 0xFFFFFFFF  # an event's gpuInstanceId when it is not about one MIG instance
+# Error counters change rarely and their alerts look over minutes: their 7 calls per GPU run every 10 s,
+# not every tick, where they would add about half again to a tick's 10-17 calls per GPU. XIDs are
+# drained every tick (one call per GPU), so the event line comes at once.
+HEALTH_INTERVAL_S = 10.0
+_MAX_XIDS_PER_TICK = 64  # a storm of XIDs is drained over several ticks, not inside one
+# What the common XID codes mean, in short (NVIDIA's "XID Errors" documentation and XID catalog).
+XID_MEANINGS: dict[int, str] = {
+    13: "graphics engine exception: usually the application (an out-of-range access), rarely the GPU",
+    31: "GPU memory page fault: usually an illegal address in the application",
+    43: "GPU stopped processing: the application's channel was stopped after a fault in it",
+    45: "channel torn down early: a process was killed or ended after an earlier error",
+    48: "double-bit ECC error: uncorrectable memory error",
+    61: "internal micro-controller breakpoint or warning",
+    62: "internal micro-controller halted",
+    63: "ECC page retirement or row remap recorded: applied at the next GPU reset",
+    64: "ECC page retirement or row remap failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained uncorrectable ECC error: only the application using that memory is hit",
+    95: "uncontained uncorrectable ECC error: every application on the GPU is hit, reset it",
+    119: "GSP firmware RPC timeout",
+}
+# XIDs after which the GPU itself (not the application) needs a reset, a reboot or replacing.
+# deploy/prometheus/rules.yml alerts on exactly these as critical (tests/sources/test_nvml_health.py).
+CRITICAL_XIDS: frozenset[int] = frozenset({48, 62, 64, 74, 79, 95, 119})
+# nvmlValueType_t -> the member of c_nvmlValue_t that holds the value
+_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 # GPM metric ids -> schema signal (all percent 0-100).
 _GPM_METRICS: tuple[tuple[int, str], ...] = ((2, "sm_active"), (5, "tensor_active"), (10, "dram_active"))
 
@@ -87,6 +125,12 @@ class _Device:
     proc_util_ts: int = 0  # last-seen timestamp for nvmlDeviceGetProcessUtilization (us)
     proc_util: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (sm ratio, seen at)
     static: dict[str, Any] = field(default_factory=dict)
+    health: GpuHealth | None = None  # physical GPUs only: the last health read (sources/base.py)
+    health_due: float = 0.0  # time.monotonic() of the next health read
+    xid_set: Any = None  # nvmlEventSet_t registered for this GPU's XID events; None: not watched
+    xid_count: int = 0
+    last_xid: int = 0
+    last_xid_time: float | None = None
     # per-tick bookkeeping for the lost-GPU rule
     attempts: int = 0
     unknown: int = 0
@@ -152,12 +196,16 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, processes: bool = True, gpm: bool = True, nvlink: bool = True) -> None:
+    def __init__(
+        self, processes: bool = True, gpm: bool = True, nvlink: bool = True,
+        health_interval_s: float = HEALTH_INTERVAL_S,
+    ) -> None:
         _init()
         self._open = True
         self._want_processes = processes
         self._want_gpm = gpm
         self._want_nvlink = nvlink
+        self._health_interval_s = float(health_interval_s)
         self._errors: dict[str, int] = {}
         self._pending_events: list[str] = []
         self._host = socket.gethostname()
@@ -165,6 +213,8 @@ class NvmlSource:
         self._devs: list[_Device] = []
         try:
             self._enumerate()
+            for dev in self._devs:
+                self._setup_xid_events(dev)
         except BaseException:
             self.close()
             raise
@@ -266,6 +316,22 @@ class NvmlSource:
             request.metrics[i].metricId = metric_id
         return _Gpm(prev=prev, cur=cur, request=request)
 
+    def _setup_xid_events(self, dev: _Device) -> None:
+        """An event set for the XID events of one physical GPU (a MIG instance's come through its parent)."""
+        if dev.parent is not None or dev.lost:
+            return
+        evset = self._setup_call(dev, "nvmlEventSetCreate")
+        if evset is None:
+            return
+        # nvmlDeviceRegisterEvents returns None on success too: a failure shows as one more count.
+        failures = self._errors.get("nvmlDeviceRegisterEvents", 0)
+        self._setup_call(dev, "nvmlDeviceRegisterEvents", dev.handle, _EVENT_XID, evset)
+        if self._errors.get("nvmlDeviceRegisterEvents", 0) != failures:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(evset)
+            return
+        dev.xid_set = evset
+
     def _setup_call(self, dev: _Device, fn: str, *args: Any, key: str = "") -> Any:
         """A call made once at setup; failures are counted and remembered like any other."""
         try:
@@ -325,12 +391,16 @@ class NvmlSource:
             row = [_NAN] * _N
             if not dev.lost:
                 dev.attempts = dev.unknown = 0
+                self._poll_xids(dev, now, events)
                 try:
                     self._read_signals(dev, row)
+                    if dev.parent is None and time.monotonic() >= dev.health_due:
+                        self._read_health(dev, now)
                     if self._want_processes and not dev.mig_enabled:
                         self._read_processes(dev, now, processes)
                 except _GpuLost as exc:
                     row = [_NAN] * _N
+                    self._poll_xids(dev, now, events)  # the XID that says why (79) may have come meanwhile
                     events.extend(self._mark_lost(dev, str(exc)))
                 else:
                     # Unknown from every call (at least a few: one odd failure is not a lost GPU).
@@ -339,7 +409,10 @@ class NvmlSource:
                         events.extend(self._mark_lost(dev, "NVML answered Unknown Error to every call"))
             rows.append(row)
         values = np.array(rows, dtype=np.float64) if rows else np.empty((0, _N))
-        return TickBatch(time=now, devices=self.devices(), values=values, processes=processes, events=events)
+        # A lost GPU keeps its last health: its last XID (79) is what an SRE needs to see.
+        health = {d.info.uuid: d.health for d in self._devs if d.health is not None}
+        return TickBatch(time=now, devices=self.devices(), values=values, processes=processes, events=events,
+                         health=health)
 
     def _mark_lost(self, dev: _Device, why: str) -> list[str]:
         """Mark a device (and its MIG instances) lost; return the one event that says so."""
@@ -395,6 +468,84 @@ class NvmlSource:
             self._read_nvlink(dev, row)
         if dev.gpm is not None:
             self._read_gpm(dev, dev.gpm, row)
+
+    def _read_health(self, dev: _Device, now: float) -> None:
+        """ECC, remapped rows, PCIe replays and memory temperature of a physical GPU; unsupported ones are
+        tried once (as every call) and stay absent."""
+        dev.health_due = time.monotonic() + self._health_interval_s
+        h = dev.handle
+        ecc: dict[str, dict[str, int]] = {}
+        for kind, kind_id in _MEMORY_ERROR_TYPES:
+            for scope, scope_id in _ECC_COUNTERS:
+                v = self._call(dev, "nvmlDeviceGetTotalEccErrors", h, kind_id, scope_id,
+                               key=f"{kind}:{scope}")
+                if v is not None:
+                    ecc.setdefault(kind, {})[scope] = int(v)
+        rows: dict[str, int] = {}
+        pending = failure = None
+        remap = self._call(dev, "nvmlDeviceGetRemappedRows", h)
+        if remap is not None:
+            corrected, uncorrected, is_pending, failed = remap
+            rows = {"correctable": int(corrected), "uncorrectable": int(uncorrected)}
+            pending, failure = bool(is_pending), bool(failed)
+        replays = self._call(dev, "nvmlDeviceGetPcieReplayCounter", h)
+        dev.health = GpuHealth(
+            time=now, ecc=ecc, remapped_rows=rows, remap_pending=pending, remap_failure=failure,
+            pcie_replays=None if replays is None else int(replays),
+            mem_temperature_c=self._mem_temperature(dev),
+            **self._xid_fields(dev),
+        )
+
+    def _mem_temperature(self, dev: _Device) -> float | None:
+        fields = self._call(dev, "nvmlDeviceGetFieldValues", dev.handle, [_FI_DEV_MEMORY_TEMP], key="memtemp")
+        if fields is None:
+            return None
+        f = fields[0]
+        if f.nvmlReturn != 0:
+            self._count("nvmlDeviceGetFieldValues")
+            if int(f.nvmlReturn) in _STATIC_FAILURES:
+                dev.unsupported.add("nvmlDeviceGetFieldValues:memtemp")
+            return None
+        v = float(getattr(f.value, _FIELD_VALUE.get(int(f.valueType), "uiVal")))
+        # GPUs without a memory sensor (GDDR: L4, L40S, T4) answer 0, which dcgm-exporter publishes as 0 C
+        # (shared data, formats/dcgm-exporter-prom): a working GPU's memory is never at 0 C, so: unknown.
+        return v if v > 0 else None
+
+    def _xid_fields(self, dev: _Device) -> dict[str, Any]:
+        if dev.xid_set is None:
+            return {"xid_errors": None, "last_xid": None, "last_xid_time": None}
+        return {"xid_errors": dev.xid_count, "last_xid": dev.last_xid, "last_xid_time": dev.last_xid_time}
+
+    def _poll_xids(self, dev: _Device, now: float, events: list[str]) -> None:
+        """Drain this GPU's queued XID events without waiting (timeout 0): each is counted and said once."""
+        if dev.xid_set is None:
+            return
+        fn = "nvmlEventSetWait_v2"
+        got = 0
+        while got < _MAX_XIDS_PER_TICK:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(dev.xid_set, 0)
+            except pynvml.NVMLError as exc:
+                code = _error_code(exc)
+                if code == _TIMEOUT:
+                    break  # nothing queued: normal
+                self._count(fn)
+                if code in _STATIC_FAILURES:  # never works here: stop watching (the counters go absent)
+                    dev.unsupported.add(fn)
+                    with contextlib.suppress(pynvml.NVMLError):
+                        pynvml.nvmlEventSetFree(dev.xid_set)
+                    dev.xid_set = None
+                break
+            if not int(data.eventType) & _EVENT_XID:
+                continue
+            got += 1
+            xid = int(data.eventData)
+            dev.xid_count += 1
+            dev.last_xid, dev.last_xid_time = xid, now
+            events.append(xid_event_line(dev.info, xid, int(data.gpuInstanceId)))
+        if got or dev.xid_set is None:
+            base = dev.health or GpuHealth(time=now)
+            dev.health = replace(base, **self._xid_fields(dev))
 
     def _clocks_event_reasons(self, dev: _Device) -> Any:
         # Renamed in driver 535 ("throttle" -> "clocks event"); older drivers only have the old name.
@@ -501,6 +652,10 @@ class NvmlSource:
             return
         self._open = False
         for dev in getattr(self, "_devs", []):
+            if dev.xid_set is not None:
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlEventSetFree(dev.xid_set)
+                dev.xid_set = None
             if dev.gpm is not None:
                 for sample in (dev.gpm.prev, dev.gpm.cur):
                     with contextlib.suppress(pynvml.NVMLError):
@@ -513,6 +668,14 @@ class NvmlSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def xid_event_line(info: DeviceInfo, xid: int, gpu_instance_id: int = _NO_GPU_INSTANCE) -> str:
+    """One event line for an XID: "GPU 3 (GPU-...): XID 79 (GPU has fallen off the bus)"."""
+    meaning = XID_MEANINGS.get(xid, "see NVIDIA's XID catalog")
+    where = "" if gpu_instance_id == _NO_GPU_INSTANCE else f", GPU instance {gpu_instance_id}"
+    index = "" if info.index is None else f" {info.index}"
+    return f"GPU{index} ({info.uuid}{where}): XID {xid} ({meaning})"
 
 
 def open_nvml_or_none(say: Callable[[str], None]) -> NvmlSource | None:

@@ -1,0 +1,193 @@
+"""GPU health through NVML (ECC, remapped rows, PCIe replays, memory temperature, XID events), served by the
+scripted fake replaying real recorded traces: read at a low rate, kept out of the signal matrix, absent (not
+0) where a GPU does not offer it, and each XID said once as an event line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pynvml
+import pytest
+import yaml
+
+from phasescope.schema import MIB, SIGNAL_NAMES, Trace
+from phasescope.sources.nvml import CRITICAL_XIDS, XID_MEANINGS, NvmlSource
+from phasescope.sources.replay import read
+
+SENSORGUARD_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"
+SPAR_RUN = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
+CRITICAL_ALERT = "PhasescopeGPUCriticalXid"
+RULES = Path(__file__).resolve().parents[2] / "deploy/prometheus/rules.yml"
+ECC = {("corrected", "volatile"): 3, ("corrected", "aggregate"): 41,
+       ("uncorrected", "volatile"): 0, ("uncorrected", "aggregate"): 2}
+
+
+@pytest.fixture(scope="module")
+def sg_traces(shared_data: Path) -> list[Trace]:
+    traces = read(shared_data / SENSORGUARD_RUN)
+    assert len(traces) == 2
+    return traces
+
+
+@pytest.fixture(scope="module")
+def spar_trace(shared_data: Path) -> Trace:
+    (trace,) = read(shared_data / SPAR_RUN)
+    return trace
+
+
+def test_counters_of_a_datacenter_gpu_absent_on_a_consumer_one(fake_nvml, sg_traces, spar_trace):
+    """GPU 0 (an RTX 3090 run: no ECC, no remapper, no memory sensor), GPU 1 (the A100 run, every counter)."""
+    fake = fake_nvml([sg_traces[0], spar_trace], mem_total_bytes=24576 * MIB)
+    fake.set_health(1, ecc=ECC, remapped_rows=(5, 1, 1, 0), pcie_replays=7, mem_temp_c=61)
+    fake.set_health(0, pcie_replays=0)  # PCIe replays exist on consumer GPUs too
+    src = NvmlSource(health_interval_s=0.0)
+    batch = src.read()
+    assert batch.values.shape == (2, len(SIGNAL_NAMES))  # not in the signal matrix
+    consumer, a100 = (batch.health[d.uuid] for d in src.devices())
+    assert a100.ecc == {"corrected": {"volatile": 3, "aggregate": 41},
+                        "uncorrected": {"volatile": 0, "aggregate": 2}}
+    assert a100.remapped_rows == {"correctable": 5, "uncorrectable": 1}
+    assert (a100.remap_pending, a100.remap_failure) == (True, False)
+    assert (a100.pcie_replays, a100.mem_temperature_c) == (7, 61.0)
+    assert (a100.xid_errors, a100.last_xid, a100.last_xid_time) == (0, 0, None)  # watched, none yet
+    # The consumer GPU: what it lacks is absent (None / empty), never a made-up 0.
+    assert consumer.ecc == {} and consumer.remapped_rows == {}
+    assert consumer.remap_pending is None and consumer.remap_failure is None
+    assert consumer.mem_temperature_c is None and consumer.pcie_replays == 0
+    # Unsupported: tried once, remembered, never retried nor counted again.
+    for _ in range(5):
+        fake.advance()
+        src.read()
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 4 + 6 * 4  # GPU 0 once per kind, GPU 1 each read
+    assert fake.calls["nvmlDeviceGetRemappedRows"] == 1 + 6
+    assert src.error_counts()["nvmlDeviceGetTotalEccErrors"] == 4
+    assert src.error_counts()["nvmlDeviceGetRemappedRows"] == 1
+    unsupported = src.unsupported_calls()[src.devices()[0].uuid]
+    assert {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetTotalEccErrors:uncorrected:volatile",
+            "nvmlDeviceGetFieldValues:memtemp"} <= set(unsupported)
+    health_calls = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+                    "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetFieldValues:memtemp",
+                    "nvmlDeviceRegisterEvents", "nvmlEventSet")
+    a100_unsupported = src.unsupported_calls().get(src.devices()[1].uuid, [])
+    assert not [c for c in a100_unsupported if c.startswith(health_calls)]
+    src.close()
+
+
+def test_counters_are_read_every_health_interval_not_every_tick(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    for i in range(2):
+        fake.set_health(i, ecc=ECC, pcie_replays=1)
+    src = NvmlSource()  # the default interval, 10 s: these ticks all fall inside the first one
+    first = src.read()
+    fake.set_health(0, pcie_replays=9)
+    for _ in range(9):
+        fake.advance()
+        batch = src.read()
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 2 * 4
+    assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 2
+    uuid = src.devices()[0].uuid
+    assert batch.health[uuid] is first.health[uuid] and batch.health[uuid].pcie_replays == 1  # the last read
+    src.close()
+
+
+def test_xid_is_one_event_line_and_counted(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    src = NvmlSource(health_interval_s=0.0)
+    src.read()
+    gpu1 = src.devices()[1]
+    fake.xid(1, 79)
+    fake.xid(1, 150)  # not in the table
+    fake.advance()
+    batch = src.read()
+    assert batch.events == [
+        f"GPU 1 ({gpu1.uuid}): XID 79 (GPU has fallen off the bus)",
+        f"GPU 1 ({gpu1.uuid}): XID 150 (see NVIDIA's XID catalog)",
+    ]
+    h = batch.health[gpu1.uuid]
+    assert (h.xid_errors, h.last_xid) == (2, 150) and h.last_xid_time == batch.time
+    assert batch.health[src.devices()[0].uuid].xid_errors == 0
+    fake.advance()
+    again = src.read()
+    assert again.events == [] and again.health[gpu1.uuid].xid_errors == 2  # said once, kept
+    assert src.error_counts().get("nvmlEventSetWait_v2", 0) == 0  # "nothing queued" is not a failure
+    src.close()
+    assert all(s.freed for s in fake.event_sets) and len(fake.event_sets) == 2
+
+
+def test_xid_before_the_gpu_is_lost_is_said_first_and_kept(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    src = NvmlSource(health_interval_s=0.0)
+    src.read()
+    fake.xid(0, 79)
+    fake.lose(0, from_tick=1)
+    fake.advance()
+    batch = src.read()
+    uuid = src.devices()[0].uuid
+    assert len(batch.events) == 2
+    assert batch.events[0].endswith("XID 79 (GPU has fallen off the bus)")
+    assert batch.events[1].startswith("GPU lost")
+    fake.advance()
+    later = src.read()
+    assert later.health[uuid].last_xid == 79  # a lost GPU keeps telling why
+
+
+def test_xid_events_not_supported_are_absent_and_tried_once(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    fake.fail("nvmlDeviceRegisterEvents", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    src = NvmlSource(health_interval_s=0.0)
+    for _ in range(3):
+        batch = src.read()
+        fake.advance()
+    for dev in src.devices():
+        assert batch.health[dev.uuid].xid_errors is None and batch.health[dev.uuid].last_xid is None
+    assert src.error_counts()["nvmlDeviceRegisterEvents"] == 2  # once per GPU, at start
+    assert fake.calls["nvmlEventSetWait_v2"] == 0
+    assert all(s.freed for s in fake.event_sets)  # the sets nothing was registered on are not leaked
+    src.close()
+
+
+def test_event_wait_failing_for_good_stops_watching(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces[:1], mem_total_bytes=24576 * MIB)
+    fake.fail("nvmlEventSetWait_v2", pynvml.NVML_ERROR_NOT_SUPPORTED, from_tick=1)
+    src = NvmlSource(health_interval_s=0.0)
+    assert src.read().health[src.devices()[0].uuid].xid_errors == 0
+    for _ in range(3):
+        fake.advance()
+        batch = src.read()
+    assert batch.health[src.devices()[0].uuid].xid_errors is None  # no longer known
+    assert src.error_counts()["nvmlEventSetWait_v2"] == 1
+    src.close()
+
+
+def test_mig_instances_have_no_health_of_their_own(fake_nvml, spar_trace):
+    fake = fake_nvml([spar_trace], mig={0: [spar_trace, spar_trace]}, mem_total_bytes=40e9)
+    fake.set_health(0, ecc=ECC, remapped_rows=(0, 0, 0, 0), mem_temp_c=55)
+    src = NvmlSource(health_interval_s=0.0)
+    batch = src.read()
+    parent, *kids = src.devices()
+    assert list(batch.health) == [parent.uuid] and len(kids) == 2
+    fake.xid(0, 48, gpu_instance_id=3)
+    fake.advance()
+    event = src.read().events
+    assert event == [
+        f"GPU 0 ({parent.uuid}, GPU instance 3): XID 48 (double-bit ECC error: uncorrectable memory error)"]
+    src.close()
+
+
+def test_memory_temperature_of_zero_is_no_sensor(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces[:1], mem_total_bytes=24576 * MIB)
+    fake.set_health(0, mem_temp_c=0)
+    src = NvmlSource(health_interval_s=0.0)
+    assert src.read().health[src.devices()[0].uuid].mem_temperature_c is None
+    src.close()
+
+
+def test_xid_table_and_the_critical_alert_agree():
+    """rules.yml's critical XID alert names exactly CRITICAL_XIDS; each has a meaning in the table."""
+    rules = yaml.safe_load(RULES.read_text())
+    (alert,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == CRITICAL_ALERT]
+    named = {int(x) for x in re.findall(r"phasescope_gpu_last_xid\s*==\s*(\d+)", alert["expr"])}
+    assert named == CRITICAL_XIDS
+    assert set(XID_MEANINGS) >= CRITICAL_XIDS
+    assert {13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119} == set(XID_MEANINGS)
