@@ -28,7 +28,7 @@ GIB_BYTES = 1024.0**3
 # name pattern -> (power limit W, memory bytes, max SM clock Hz, max memory clock Hz).
 # Board defaults from vendor datasheets; used only when the trace itself lacks the limit.
 _KNOWN: list[tuple[str, tuple[float, float, float, float]]] = [
-    (r"h200", (700.0, 141e9, 1980e6, 3201e6)),
+    (r"h200", (700.0, 141 * GIB_BYTES, 1980e6, 3201e6)),  # NVML on our H200: 150.75e9 B (140.4 GiB)
     (r"h100.*pcie", (350.0, 80 * GIB_BYTES, 1755e6, 1593e6)),
     (r"h100", (700.0, 80 * GIB_BYTES, 1980e6, 2619e6)),
     (r"a100.*80", (400.0, 80 * GIB_BYTES, 1410e6, 1593e6)),

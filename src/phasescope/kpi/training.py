@@ -256,7 +256,9 @@ def _memory(tl: Timeline) -> dict[str, Any]:
     roots = tl.meta.get("roots") or []
     trained_roots = {int(r) for r in np.unique(tl.f_root[tl.f_trained]) if 0 <= r < len(roots)}
     model_bytes = sum(int(roots[r]["param_bytes"]) for r in trained_roots)
-    act = [roots[r].get("saved_bytes") for r in trained_roots if (roots[r].get("saved_bytes") or -1) >= 0]
+    # saved_bytes: None / -1 = not measured; 0 is a measurement (a forward that saves no activations)
+    saved = [roots[r].get("saved_bytes") for r in trained_roots]
+    act = [b for b in saved if b is not None and b >= 0]
     mem = tl.meta.get("memory_sample") or {}
     out: dict[str, Any] = {"model_bytes": model_bytes or None,
                            "activation_bytes_per_forward": int(sum(act)) if act else None}
