@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -7,9 +8,16 @@ import numpy as np
 import psutil
 import pytest
 
-from phasescope.display import MISSING, fmt_bytes, fmt_ratio, sparkline
-from phasescope.live_state import DEFAULT_HISTORY, MAX_PROCESS_ROWS, SPARK_WIDTH, LiveState
-from phasescope.schema import SIGNAL_NAMES, ProcessSample, Trace
+from phasescope.display import MISSING, fmt_bytes, fmt_elapsed, fmt_ratio, sparkline
+from phasescope.live_state import (
+    CMD_CELL_CHARS,
+    DEFAULT_HISTORY,
+    MAX_PROCESS_ROWS,
+    SPARK_WIDTH,
+    LiveState,
+    process_detail,
+)
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample, Trace
 from phasescope.sources.base import TickBatch
 from tests.live_helpers import ticks, training_traces
 
@@ -300,3 +308,69 @@ def test_training_alarm_is_a_note_on_its_device_while_it_holds(traces: list[Trac
     state.ingest(TickBatch(batch.time, batch.devices, dark))
     info = {r.key: r for r in state.rows()}[busy].cells["info"]
     assert "NO DATA" in info and TRAINING_ALARM_NOTE not in info
+
+
+def test_process_rows_show_user_elapsed_command_and_share_of_ram(traces: list[Trace]) -> None:
+    """nvitop's USER, TIME, COMMAND and %MEM on a process sub-row; the filter finds a process by user or by
+    anything on its command line; /api/state's entries carry the same, NaN as None."""
+    state = LiveState("test")
+    batch = next(ticks(traces[:1], 0, 1))
+    uuid = traces[0].device.uuid
+    cmd = "python train.py --config configs/gpt2-small.yaml --lr 3e-4 --batch-size 64 --run-name sweep-7"
+    batch.processes = [
+        ProcessSample(time=batch.time, pid=4242, device_uuid=uuid, name="python", cpu_util=0.5,
+                      rss=2 * 2**30, gpu_mem_used=10 * 2**30, user="alice",
+                      start_time=batch.time - (3 * 3600 + 12 * 60 + 5), cmdline=cmd),
+        ProcessSample(time=batch.time, pid=77, device_uuid=uuid, name="Xorg", rss=2**20),  # nothing known
+    ]
+    state.ingest(batch)
+    state.host_mem_total = 64 * 2**30  # what set_local_processes reads from psutil on a real host
+    rows = {r.pid: r for r in state.rows() if r.kind == "process"}
+    alice = rows[4242].cells
+    assert alice["name"] == "  └ 4242 python (alice)"
+    assert alice["mem"] == "dev 10.0 GiB · rss 2.0 GiB (3.1%)"
+    assert alice["info"] == "cpu 50% · – thr · no torch · up 3h12m · " + cmd[: CMD_CELL_CHARS - 1] + "…"
+    assert len(alice["info"].rpartition(" · ")[2]) == CMD_CELL_CHARS
+    bare = rows[77].cells
+    assert bare["name"] == "  └ 77 Xorg" and "up " not in bare["info"] and bare["info"].endswith("no torch")
+    assert bare["mem"] == "rss 1.0 MiB (0.0%)"
+    for needle in ("alice", "sweep-7", "gpt2-small"):
+        assert [r.pid for r in state.rows(filter_text=needle)] == [None, 4242], needle
+
+    entries = state.process_entries()[uuid]
+    assert entries[0] == {
+        "pid": 4242, "name": "python", "user": "alice", "cmdline": cmd,
+        "start_time": batch.time - 11525, "elapsed_s": 11525.0, "gpu_mem_used": 10 * 2**30, "sm_util": None,
+        "cpu_util": 0.5, "rss": 2 * 2**30, "mem_ratio": 1 / 32, "threads": None, "uses_torch": False,
+    }
+    assert entries[1]["user"] == "" and entries[1]["start_time"] is None and entries[1]["elapsed_s"] is None
+    detail = process_detail(state.process_sample(uuid, 4242), state.host_mem_total)  # type: ignore[arg-type]
+    assert detail.startswith("PID 4242 · alice · started ") and "(up 3h12m)" in detail
+    assert detail.endswith(f" · rss 2.0 GiB = 3.1% of RAM · {cmd}")  # the whole command line
+
+
+def test_share_of_ram_from_a_host_row_or_this_host() -> None:
+    """%MEM needs host RAM: a host row's mem_total (a replay's, the demo's), else this host's when the
+    source's processes run here; unknown otherwise, shown as nothing rather than a made-up share."""
+    state = LiveState("replay")
+    host = DeviceInfo("host:box", extra={"kind": "host"})
+    values = np.full((1, len(SIGNAL_NAMES)), np.nan)
+    values[0, SIGNAL_NAMES.index("mem_total")] = 8 * 2**30
+    p = ProcessSample(time=1.0, pid=5, device_uuid=host.uuid, name="python", rss=2**30)
+    state.ingest(TickBatch(1.0, [host], values, processes=[p]))
+    assert state.host_mem_total == 8 * 2**30 and not state.local_processes
+    assert state.rows()[1].cells["mem"] == "rss 1.0 GiB (12.5%)"
+
+    bare = LiveState("replay")
+    bare.ingest(TickBatch(1.0, [DeviceInfo("GPU-1")], np.full((1, len(SIGNAL_NAMES)), np.nan),
+                          processes=[ProcessSample(time=1.0, pid=5, device_uuid="GPU-1", rss=2**30)]))
+    assert bare.rows()[1].cells["mem"] == "rss 1.0 GiB"
+    bare.set_local_processes(True)
+    assert bare.local_processes and bare.host_mem_total == psutil.virtual_memory().total
+    assert bare.rows()[1].cells["mem"].startswith("rss 1.0 GiB (")
+
+
+def test_fmt_elapsed() -> None:
+    assert [fmt_elapsed(s) for s in (0, 42.9, 60, 725, 3600, 11525, 86400 + 3 * 3600 + 59)] == [
+        "0s", "42s", "1m00s", "12m05s", "1h00m", "3h12m", "1d03h"]
+    assert fmt_elapsed(math.nan) == MISSING and fmt_elapsed(-1) == MISSING  # a clock step: not "-1s"

@@ -172,3 +172,22 @@ def fmt_si(value: float | None) -> str:
         if abs(v) >= div:
             return f"{v / div:.3g}{suffix}"
     return f"{v:.3g}"
+
+
+def fmt_elapsed(value: float | None) -> str:
+    """How long a process has run, as ps/top show it but shorter: 42s, 12m05s, 3h12m, 2d03h."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return MISSING
+    s = int(value)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def ellipsize(text: str, width: int) -> str:
+    """`text` in at most `width` characters, an ellipsis marking a cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"

@@ -17,10 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import psutil
 
 from phasescope.display import (
     MISSING,
+    ellipsize,
     fmt_bytes,
+    fmt_elapsed,
     fmt_pair,
     fmt_rate,
     fmt_ratio,
@@ -51,6 +54,7 @@ HOOKS_MARK = " (hooks)"  # a phase the process's own hooks reported: exact, not 
 HOST_NO_PHASE = "phase: hooks only"  # Notes of a hooks-only device (`phase_from_hooks`) no hook reports on
 TRAINING_ALARM_NOTE = "⚑ training started"  # the onset alarm holds (fires before the phase turns training)
 UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
+CMD_CELL_CHARS = 60  # of a process's command line in the table's Notes; the TUI's detail line has it whole
 
 
 class Ring:
@@ -161,6 +165,7 @@ class Row:
     cells: dict[str, str]
     phase: str = ""  # the device's phase (PHASES or "unknown"), "" before the classifier spoke
     idle_held: bool = False
+    pid: int | None = None  # a process row's PID (None on device rows and the "+N more" row)
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,19 @@ class LiveState:
         self.ticks = 0
         self._last_tick_mono = math.nan
         self.last_tick_time = math.nan
+        # Whether the processes shown are this host's (the host source's, `set_local_processes`): only then
+        # may a view signal them. Off for a replay or anything else that reports PIDs from elsewhere.
+        self.local_processes = False
+        self.host_mem_total = math.nan  # bytes of host RAM: a process's %MEM is its RSS over this
+
+    def set_local_processes(self, local: bool) -> None:
+        """Say whether the source's processes run on this host (`feed` does, from the source's
+        `local_processes`); local, host RAM is read once here for %MEM."""
+        with self._lock:
+            self.local_processes = local
+            if local:
+                self.host_mem_total = float(psutil.virtual_memory().total)
+            self.version += 1
 
     # ---- writers (sampler thread) ----
 
@@ -237,6 +255,10 @@ class LiveState:
                         state.history.push((last + batch.time) / 2, np.full(len(SIGNAL_NAMES), np.nan))
                     state.resume_gap_s = math.nan
                 state.history.push(batch.time, batch.values[i])
+                if is_host_device(dev):  # a host row (a replay's too) tells its own RAM for %MEM
+                    total = float(batch.values[i][SIGNAL_COLUMN["mem_total"]])
+                    if math.isfinite(total) and total > 0:
+                        self.host_mem_total = total
                 seen.add(dev.uuid)
             for uuid, state in self._devices.items():
                 if uuid not in seen and not state.lost:
@@ -353,6 +375,23 @@ class LiveState:
         """uuid -> the processes the newest tick saw on that device (a lost device has none)."""
         with self._lock:
             return {uuid: list(dev.processes) for uuid, dev in self._devices.items() if dev.processes}
+
+    def process_sample(self, uuid: str, pid: int) -> ProcessSample | None:
+        """The newest sample of process `pid` under device `uuid` (a row's `device_uuid`, NO_DEVICE for
+        the no-device group); None once it is gone."""
+        with self._lock:
+            dev = self._devices.get(uuid)
+            procs = dev.processes if dev is not None else self._orphans if uuid == NO_DEVICE else []
+            return next((p for p in procs if p.pid == pid), None)
+
+    def process_entries(self) -> dict[str, list[dict[str, object]]]:
+        """uuid -> one JSON-ready dict per process of the newest tick (/api/state): the sample's fields,
+        elapsed seconds and %MEM of host RAM as a ratio; unknown numbers are None, never NaN."""
+        with self._lock:
+            groups = [(u, d.processes) for u, d in self._devices.items() if d.processes]
+            if self._orphans:
+                groups.append((NO_DEVICE, self._orphans))
+            return {u: [_process_entry(p, self.host_mem_total) for p in procs] for u, procs in groups}
 
     def phase(self, uuid: str) -> PhaseView | None:
         """The phase shown for a device (see `_phase_view`); None while there is none."""
@@ -635,9 +674,13 @@ class LiveState:
 
     def _process_row(self, uuid: str, p: ProcessSample) -> Row:
         cells = dict.fromkeys(COLUMN_KEYS, "")
-        cells["name"] = f"  └ {p.pid} {p.name}".rstrip()
+        user = f" ({p.user})" if p.user else ""
+        cells["name"] = f"  └ {p.pid} {p.name}".rstrip() + user
         cells["util"] = fmt_ratio(p.cpu_util)
         mem = f"rss {fmt_bytes(p.rss)}"
+        share = mem_share(p.rss, self.host_mem_total)
+        if math.isfinite(share):
+            mem += f" ({share * 100:.1f}%)"
         if math.isfinite(p.gpu_mem_used):
             mem = f"dev {fmt_bytes(p.gpu_mem_used)} · {mem}"
         cells["mem"] = mem
@@ -652,6 +695,11 @@ class LiveState:
         role = self.process_labels.get(p.pid)
         if role:
             notes.append(role)
+        up = p.time - p.start_time
+        if math.isfinite(up):
+            notes.append(f"up {fmt_elapsed(up)}")
+        if p.cmdline:  # last: the one long, free-form note (as nvitop's COMMAND column)
+            notes.append(ellipsize(p.cmdline, CMD_CELL_CHARS))
         cells["info"] = " · ".join(notes)
         hook_phase = self._proc_phase.get(p.pid, "")
         if hook_phase:
@@ -660,7 +708,7 @@ class LiveState:
         if kpis:
             dev = self._devices.get(uuid)
             cells["kpi"] = kpi_text(kpis, hook_phase or (self._shown_phase(dev) if dev else ""))
-        return Row("process", f"{uuid}/{p.pid}", uuid, cells, hook_phase)
+        return Row("process", f"{uuid}/{p.pid}", uuid, cells, hook_phase, pid=p.pid)
 
 
 def kpi_text(kpis: Mapping[str, float] | None, phase: str) -> str:
@@ -751,7 +799,40 @@ def _device_search_text(d: DeviceState | None) -> str:
 
 def _process_search_text(p: ProcessSample, state: LiveState) -> str:
     torch = "torch" if p.uses_torch else ""
-    return f"{p.pid} {p.name} {torch} {state.process_labels.get(p.pid, '')}".lower()
+    return f"{p.pid} {p.name} {p.user} {torch} {state.process_labels.get(p.pid, '')} {p.cmdline}".lower()
+
+
+def mem_share(rss: float, host_mem_total: float) -> float:
+    """A process's RSS as a ratio of host RAM (top's %MEM); NaN when either is unknown."""
+    return rss / host_mem_total if host_mem_total > 0 else math.nan  # NaN compares False: stays NaN
+
+
+def process_detail(p: ProcessSample, host_mem_total: float = math.nan) -> str:
+    """One process in full for a detail line: PID, user, start and elapsed time, %MEM, whole command."""
+    parts = [f"PID {p.pid}", p.user or f"user {MISSING}"]
+    if math.isfinite(p.start_time):
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.start_time))
+        parts.append(f"started {started} (up {fmt_elapsed(p.time - p.start_time)})")
+    share = mem_share(p.rss, host_mem_total)
+    of_ram = f" = {share * 100:.1f}% of RAM" if math.isfinite(share) else ""
+    parts.append(f"rss {fmt_bytes(p.rss)}{of_ram}")
+    parts.append(p.cmdline or p.name or MISSING)
+    return " · ".join(parts)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _process_entry(p: ProcessSample, host_mem_total: float) -> dict[str, object]:
+    return {
+        "pid": p.pid, "name": p.name, "user": p.user, "cmdline": p.cmdline,
+        "start_time": _finite_or_none(p.start_time), "elapsed_s": _finite_or_none(p.time - p.start_time),
+        "gpu_mem_used": _finite_or_none(p.gpu_mem_used), "sm_util": _finite_or_none(p.sm_util),
+        "cpu_util": _finite_or_none(p.cpu_util), "rss": _finite_or_none(p.rss),
+        "mem_ratio": _finite_or_none(mem_share(p.rss, host_mem_total)),
+        "threads": _finite_or_none(p.threads), "uses_torch": p.uses_torch,
+    }
 
 
 def feed(
@@ -775,6 +856,7 @@ def feed(
     """
     hooks = [annotate] if annotate is not None else []
     sinks = [sink] if sink is not None else []
+    state.set_local_processes(bool(getattr(source, "local_processes", False)))
     if before is not None:
         try:
             before()

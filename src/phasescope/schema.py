@@ -227,6 +227,12 @@ class ProcessSample:
     read_bytes: float = float("nan")
     write_bytes: float = float("nan")
     uses_torch: bool = False
+    # Who and what (host source, read once per process): live views only, never written to recordings or
+    # the store. A command line can carry secrets (tokens, paths), and the same text repeated every tick
+    # would outweigh the numbers; the pid and name stay enough to join a recording to anything else.
+    user: str = ""  # "" where unknown (vanished, or not visible from this PID namespace)
+    start_time: float = float("nan")  # Unix seconds the process started (psutil create_time)
+    cmdline: str = ""  # argv joined by spaces, cut (sources/host.py CMDLINE_CHARS)
 
 
 @dataclass

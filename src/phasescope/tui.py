@@ -4,6 +4,7 @@ rich table for scripts. Both are thin: every number and string comes from `live_
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
 
@@ -18,8 +19,9 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from phasescope.display import MISSING, PHASE_BADGE
-from phasescope.live_state import COLUMNS, IDLE_HELD, SORT_KEYS, LiveState, Row
+from phasescope.display import MISSING, PHASE_BADGE, ellipsize
+from phasescope.live_state import COLUMNS, IDLE_HELD, SORT_KEYS, LiveState, Row, process_detail
+from phasescope.sources.host import signal_process
 
 HELP_TEXT = """\
 [b]phasescope top[/b]: one row per device, its processes as sub-rows (└).
@@ -31,12 +33,16 @@ or a serving engine's /metrics: --scrape). Energy · cost is so far, at the conf
 A device in [b black on yellow] IDLE·HELD [/] is idle while a process (or its memory) holds it.
 
   [b]s[/b]        cycle the sort column: order, phase, util, mem, power, temp, name
-  [b]/[/b]        filter rows (device, uuid, process name or pid, a phase, idle-held); Enter keeps it,
-           Esc clears it
+  [b]/[/b]        filter rows (device, uuid, process name, pid, user or command line, a phase,
+           idle-held); Enter keeps it, Esc clears it
+  [b]k[/b] / [b]K[/b] / [b]i[/b]  send SIGTERM / SIGKILL / SIGINT to the selected process row, after a y/n
+           prompt (this host's processes only: not in a replay)
   [b]↑ ↓ PgUp PgDn ← →[/b]  move and scroll
   [b]?[/b]        this help            [b]q[/b] / [b]Ctrl-C[/b]  quit
 
 Util is the device's utilisation; on a process row it is that process's CPU (100% = one core).
+A process row shows its user, RSS and its share of host RAM (%MEM), how long it has run (up) and its
+command line; the line under the table has the selected process's whole command.
 A value the source did not give is shown as [b]–[/b], never as 0.
 With a live store (--store, or the default one), sparklines and the phase start from its recent
 history (--history); a blank column marks where this session's samples begin.
@@ -63,6 +69,27 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss()
 
 
+class ConfirmScreen(ModalScreen[bool]):
+    """A one-line y/n question at the bottom; y answers yes, any other key no."""
+
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center bottom; }
+    ConfirmScreen > Static { width: 100%; height: 1; background: $warning; color: $text; padding: 0 1; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(self.question, no_wrap=True), id="confirm-text")
+
+    def on_key(self, event: events.Key) -> None:
+        event.stop()  # the app's keys (q, s, k) must not act while the question is open
+        event.prevent_default()
+        self.dismiss(event.character in ("y", "Y"))
+
+
 class TopApp(App[None]):
     """Full-screen live table. `start_sampling(stop)` runs in a worker thread and feeds the shared state."""
 
@@ -70,6 +97,8 @@ class TopApp(App[None]):
     DEFAULT_CSS = """
     #table { height: 1fr; }
     #status { height: 1; background: $boost; padding: 0 1; }
+    #detail { display: none; height: auto; max-height: 3; background: $panel; padding: 0 1; }
+    #detail.shown { display: block; }
     #filter { dock: bottom; display: none; }
     #filter.shown { display: block; }
     """
@@ -78,6 +107,9 @@ class TopApp(App[None]):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
         Binding("s", "cycle_sort", "Sort"),
         Binding("slash", "start_filter", "Filter"),
+        Binding("k", "signal('SIGTERM')", "Terminate"),
+        Binding("K", "signal('SIGKILL')", "Kill"),
+        Binding("i", "signal('SIGINT')", "Interrupt", show=False),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -109,8 +141,9 @@ class TopApp(App[None]):
         yield Header()
         with Vertical():
             yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="detail")
             yield Static("", id="status")
-        yield Input(placeholder="filter: device, uuid, process name or pid", id="filter")
+        yield Input(placeholder="filter: device, uuid, process name, pid, user or command", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -150,11 +183,14 @@ class TopApp(App[None]):
         key = (self.state.version, self.sort, self.filter_text)
         if key == self._drawn and not force:
             return
+        self._draw_table(table, key)
+        self._show_detail()
+
+    def _draw_table(self, table: DataTable[Text], key: tuple[int, str, str]) -> None:
         same_view = self._drawn is not None and key[1:] == self._drawn[1:]  # only new samples
         self._drawn = key
-        selected = None
-        if table.row_count and 0 <= table.cursor_row < len(self.shown_rows):
-            selected = self.shown_rows[table.cursor_row].key
+        cursor = self.cursor_row()
+        selected = cursor.key if cursor is not None else None
         scroll = (table.scroll_x, table.scroll_y)
         rows = self.state.rows(self.sort, self.filter_text)
         table.clear()  # which also scrolls home
@@ -168,7 +204,60 @@ class TopApp(App[None]):
         # PgDn through many rows); a new sort or filter shows the cursor's row instead.
         table.scroll_to(x=scroll[0], y=scroll[1] if same_view else None, animate=False, immediate=True)
 
+    def cursor_row(self) -> Row | None:
+        """The row under the cursor, None when the table is empty."""
+        table = self.query_one("#table", DataTable)
+        if table.row_count and 0 <= table.cursor_row < len(self.shown_rows):
+            return self.shown_rows[table.cursor_row]
+        return None
+
+    def _show_detail(self) -> None:
+        """The selected process in full (whole command line, start) under the table; hidden otherwise."""
+        try:
+            detail = self.query_one("#detail", Static)
+        except NoMatches:
+            return
+        row = self.cursor_row()
+        p = self.state.process_sample(row.device_uuid, row.pid) if row and row.pid is not None else None
+        if p is None:
+            detail.remove_class("shown")
+            return
+        detail.update(Text(process_detail(p, self.state.host_mem_total)))
+        detail.add_class("shown")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_detail()
+
     # ---- actions ----
+
+    def action_signal(self, name: str) -> None:
+        """Ask y/n, then send signal `name` to the selected process row; refuse with one status line where
+        it cannot go (not a process row, processes not from this host, the process gone)."""
+        sig = signal.Signals[name]
+        row = self.cursor_row()
+        if row is None or row.pid is None:
+            self._say(f"{name} not sent: select a process row (└) first")
+            return
+        if not self.state.local_processes:
+            self._say(f"{name} not sent: the {self.state.source_name or 'current'} source's processes are "
+                      "not this host's to signal")
+            return
+        p = self.state.process_sample(row.device_uuid, row.pid)
+        if p is None:
+            self._say(f"{name} not sent: process {row.pid} is gone")
+            return
+        who = f"{p.pid} {p.name}".rstrip() + (f" ({p.user})" if p.user else "")
+        cmd = f": {ellipsize(p.cmdline, 80)}" if p.cmdline else ""
+
+        def answer(yes: bool | None) -> None:
+            self._say(signal_process(p.pid, p.start_time, sig)[1] if yes else f"{name} to {p.pid}: not sent")
+
+        self.push_screen(ConfirmScreen(f"Send {name} to {who}{cmd}? y/n"), answer)
+
+    def _say(self, line: str) -> None:
+        self.state.note(line)  # the status line shows the newest note
+        self.redraw()
+
 
     def action_cycle_sort(self) -> None:
         self.sort = SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)]
@@ -237,6 +326,13 @@ def styled_cells(row: Row) -> list[Text]:
 # notes (NO DATA, IDLE·HELD, MIG) always stay.
 NARROW_DROP: tuple[str, ...] = ("spark_power", "spark_util", "pcie", "clocks", "temp", "kpi")
 _NEVER_WRAP = frozenset({"phase", "spark_util", "spark_power"})  # a badge, block characters
+_GIVES_WAY = "info"  # Notes: last, and the one long free-form cell (a process's command line)
+
+
+def _one_line(cell: Text) -> Text:
+    out = cell.copy()
+    out.no_wrap, out.overflow = True, "ellipsis"
+    return out
 
 
 def render_table(
@@ -260,9 +356,14 @@ def render_table(
         # Text, not a str: rich would read "[/]" or "[red]" in a path or device name as markup (and raise).
         table = Table(title=Text(title), caption=Text(status), caption_justify="left", expand=False)
         for i in shown:  # fitted: a cell may wrap at its spaces rather than be cut to "…"
-            table.add_column(COLUMNS[i].title, no_wrap=width is None or COLUMNS[i].key in _NEVER_WRAP)
+            key = COLUMNS[i].key
+            # Unfitted (a file or pipe), every row stays one line; past the console's width, rich narrows
+            # the wrappable Notes first (its cells cut to "…": a long command line) rather than every column.
+            no_wrap = key in _NEVER_WRAP or (width is None and key != _GIVES_WAY)
+            table.add_column(COLUMNS[i].title, no_wrap=no_wrap)
         for row_cells in cells:
-            table.add_row(*(row_cells[i] for i in shown))
+            table.add_row(*(_one_line(row_cells[i]) if width is None and COLUMNS[i].key == _GIVES_WAY
+                            else row_cells[i] for i in shown))
         if width is None or len(hidden) == len(NARROW_DROP) or _natural_width(table) <= width:
             return table
         hidden.append(NARROW_DROP[len(hidden)])

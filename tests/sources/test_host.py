@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import pytest
 from phasescope.schema import SIGNAL_NAMES
 from phasescope.sources import host as host_module
 from phasescope.sources.base import SIGNAL_COLUMN
-from phasescope.sources.host import CombinedSource, HostSource, is_host_device
+from phasescope.sources.host import CombinedSource, HostSource, is_host_device, signal_process
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from tests.fakes.fake_nvml import FakeProcess
@@ -135,3 +137,93 @@ def test_cpu_percent_becomes_a_ratio(plain_child, monkeypatch):
     assert batch.values[0, SIGNAL_COLUMN["gpu_util"]] == 0.5
     (p,) = batch.processes
     assert p.cpu_util == 0.5
+
+
+# ---- who and what: user, start time, command line (nvitop's USER, TIME, COMMAND) ----
+
+
+def test_user_start_and_command_line_read_once_per_process(plain_child, monkeypatch):
+    """A process's owner, start and argv come with every sample, read at first sight only: the argv of
+    hundreds of processes is not re-read from /proc every tick."""
+    calls: list[int] = []
+    real_cmdline = psutil.Process.cmdline
+
+    def counting(self: psutil.Process) -> list[str]:
+        calls.append(self.pid)
+        return real_cmdline(self)
+
+    monkeypatch.setattr(host_module.psutil.Process, "cmdline", counting)
+    src = HostSource(find_torch=False)
+    src.watch([plain_child.pid])
+    samples = [src.read().processes[0] for _ in range(3)]
+    assert calls.count(plain_child.pid) == 1
+    truth = psutil.Process(plain_child.pid)
+    for p in samples:
+        assert p.user == truth.username()
+        assert p.start_time == pytest.approx(truth.create_time(), abs=1.0)
+        assert p.cmdline == " ".join(truth.cmdline()) and p.cmdline.startswith(sys.executable + " -c ")
+
+
+@pytest.mark.parametrize("linux_fast_path", [True, False])
+def test_long_command_line_is_cut_and_unreadable_identity_is_empty(monkeypatch, linux_fast_path):
+    monkeypatch.setattr(host_module, "_LINUX", linux_fast_path)
+    long_child = subprocess.Popen([sys.executable, "-c", _WAIT, "--token", "x" * 2000],
+                                  stdout=subprocess.PIPE, text=True)
+    try:
+        assert long_child.stdout is not None and long_child.stdout.readline().strip() == "ready"
+        src = HostSource(find_torch=False)
+        src.watch([long_child.pid])
+        (p,) = src.read().processes
+        assert len(p.cmdline) == host_module.CMDLINE_CHARS and p.cmdline.endswith("…")
+
+        # Another user's process behind hidepid: no owner, argv or start, but its numbers still come.
+        def denied(self: psutil.Process) -> None:
+            raise psutil.AccessDenied(self.pid)
+
+        for what in ("cmdline", "username", "create_time"):
+            monkeypatch.setattr(host_module.psutil.Process, what, denied)
+        src = HostSource(find_torch=False)
+        src.watch([long_child.pid])
+        (p,) = src.read().processes
+        assert (p.user, p.cmdline) == ("", "") and math.isnan(p.start_time) and p.rss > 0
+        assert src.error_counts() == {}
+    finally:
+        _stop(long_child)  # type: ignore[arg-type]
+
+
+def test_combined_source_carries_who_and_what(fake_nvml, shared_data, plain_child):
+    traces = read(shared_data / SPAR_BERT)
+    fake_nvml(traces, processes={0: [FakeProcess(plain_child.pid, 2**30, sm_util_pct=10)]})
+    src = CombinedSource(NvmlSource(), HostSource(find_torch=False))
+    (p,) = [q for q in src.read().processes if q.pid == plain_child.pid]
+    truth = psutil.Process(plain_child.pid)
+    assert p.gpu_mem_used == 2**30 and p.user == truth.username()
+    assert p.cmdline == " ".join(truth.cmdline())
+    assert p.start_time == pytest.approx(truth.create_time(), abs=1)
+    assert src.local_processes and HostSource.local_processes
+    src.close()
+
+
+def test_signal_goes_only_to_the_process_that_was_sampled(plain_child, monkeypatch):
+    pid = plain_child.pid
+    start = psutil.Process(pid).create_time()
+    sent, line = signal_process(pid, math.nan, signal.SIGTERM)
+    assert not sent and "not visible from here" in line
+    sent, line = signal_process(pid, start - 3600, signal.SIGTERM)  # the PID was reused since the sample
+    assert not sent and "another process" in line
+    sent, line = signal_process(os.getpid(), psutil.Process().create_time(), signal.SIGKILL)
+    assert not sent and "phasescope itself" in line
+
+    def denied(self: psutil.Process, sig: int) -> None:
+        raise psutil.AccessDenied(self.pid)
+
+    with monkeypatch.context() as m:
+        m.setattr(host_module.psutil.Process, "send_signal", denied)
+        sent, line = signal_process(pid, start, signal.SIGTERM)
+    assert not sent and line == f"SIGTERM not sent to {pid}: permission denied (another user's process?)"
+    assert plain_child.poll() is None  # nothing reached it so far
+
+    assert signal_process(pid, start, signal.SIGTERM) == (True, f"sent SIGTERM to {pid}")
+    assert plain_child.wait(timeout=30) == -signal.SIGTERM
+    sent, line = signal_process(pid, start, signal.SIGTERM)
+    assert not sent and "has exited" in line

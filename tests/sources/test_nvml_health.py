@@ -191,3 +191,16 @@ def test_xid_table_and_the_critical_alert_agree():
     assert named == CRITICAL_XIDS
     assert set(XID_MEANINGS) >= CRITICAL_XIDS
     assert {13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119} == set(XID_MEANINGS)
+
+
+def test_combined_source_passes_health_on(fake_nvml, sg_traces):
+    """`--source auto` is NVML + host (CombinedSource): the GPUs' health must reach the agent through it."""
+    from phasescope.sources.host import CombinedSource, HostSource
+
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    fake.set_health(0, pcie_replays=3)
+    src = CombinedSource(NvmlSource(health_interval_s=0.0), HostSource(), host_row=True)
+    batch = src.read()
+    uuid = sg_traces[0].device.uuid
+    assert batch.health[uuid].pcie_replays == 3
+    src.close()

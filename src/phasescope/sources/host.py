@@ -7,22 +7,28 @@ Processes worth watching: every PID the NVML source saw on a GPU (`watch()`), an
 that has imported torch. Torch is detected from `libtorch` in the process's memory maps; a PID found
 with torch stays flagged (a library is not unloaded), one found without is re-checked only every
 `torch_recheck_s`, and new PIDs are looked for only every `scan_s`, so the cost per tick stays small.
-A process that vanishes or refuses access is skipped and counted, never raised.
+A process that vanishes or refuses access is skipped and counted, never raised. Its user, start time and
+command line are read once, at first sight of the PID (and again only when the PID is reused): they do
+not change, and re-reading /proc/PID/cmdline every tick for hundreds of processes would be waste.
+`signal_process` sends a signal to a sampled process, never to another that took its PID since.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import psutil
 
+from phasescope.display import ellipsize
 from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 
@@ -31,7 +37,9 @@ _NAN = math.nan
 # phasescope_host_*, never under a GPU name, so nothing that counts GPUs counts a CPU.
 HOST_KIND = "host"
 _N = len(SIGNAL_NAMES)
+_T = TypeVar("_T")
 _TORCH_MARK = b"libtorch"
+CMDLINE_CHARS = 512  # of a process's command line kept: enough for any view, bounded for hundreds of PIDs
 
 
 def _cpu_model() -> str:
@@ -80,6 +88,26 @@ class _Watched:
     start: int  # start time in clock ticks since boot: tells a reused PID from the process we knew
     cpu_s: float = _NAN  # CPU seconds at the previous sample
     mono: float = _NAN  # when that sample was taken
+    # Read once at first sight: a process's owner, start and argv do not change (a reused PID is a new
+    # _Watched), so /proc/PID/cmdline is not re-read every tick for every process.
+    user: str = ""
+    start_time: float = _NAN  # Unix seconds
+    cmdline: str = ""
+
+
+def _or_empty(read: Callable[[], _T], empty: _T) -> _T:
+    try:
+        return read()
+    except (psutil.Error, OSError):
+        return empty
+
+
+def _identity(proc: psutil.Process) -> tuple[str, float, str]:
+    """(user, start Unix seconds, command line) of a process; each "" / NaN where it cannot be read
+    (hidepid, a zombie's empty argv, one that just exited): never an error."""
+    argv: list[str] = _or_empty(proc.cmdline, [])
+    return (_or_empty(proc.username, ""), float(_or_empty(proc.create_time, _NAN)),
+            ellipsize(" ".join(argv), CMDLINE_CHARS))
 
 
 def _read_proc_stat(pid: int) -> tuple[float, float, float, int]:
@@ -102,6 +130,29 @@ def _read_proc_io(pid: int) -> tuple[float, float]:
     return float(fields.get(b"read_bytes", _NAN)), float(fields.get(b"write_bytes", _NAN))
 
 
+SAME_START_S = 1.0  # start times this close are one process: the kernel's boot time can shift by a second
+
+
+def signal_process(pid: int, start_time: float, sig: int) -> tuple[bool, str]:
+    """Send `sig` to `pid` when it is still the process that started at `start_time` (a PID reused since
+    the sample was taken is left alone). (sent, one line that says what happened or why not)."""
+    what = signal.Signals(sig).name
+    if not math.isfinite(start_time):
+        return False, f"{what} not sent: process {pid} is not visible from here (other host or PID namespace)"
+    if pid == os.getpid():
+        return False, f"{what} not sent: {pid} is phasescope itself (q quits)"
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - start_time) > SAME_START_S:
+            return False, f"{what} not sent: PID {pid} now belongs to another process"
+        proc.send_signal(sig)
+    except psutil.NoSuchProcess:  # ZombieProcess included: it has exited, its parent has not reaped it
+        return False, f"{what} not sent: process {pid} has exited"
+    except (psutil.AccessDenied, PermissionError):
+        return False, f"{what} not sent to {pid}: permission denied (another user's process?)"
+    return True, f"sent {what} to {pid}"
+
+
 def is_host_device(info: DeviceInfo) -> bool:
     """Whether `info` is the host pseudo-device (CPU and RAM), not an accelerator."""
     return info.extra.get("kind") == HOST_KIND
@@ -111,6 +162,7 @@ class HostSource:
     """The host as a pseudo-device plus per-process samples for GPU and torch processes."""
 
     name = "host"
+    local_processes = True  # its PIDs are this host's: a view may signal them (`signal_process`)
 
     def __init__(self, find_torch: bool = True, scan_s: float = 5.0, torch_recheck_s: float = 30.0) -> None:
         self._host = socket.gethostname()
@@ -218,7 +270,9 @@ class HostSource:
 
     def _first_sight(self, pid: int, start: int) -> _Watched:
         proc = psutil.Process(pid)
-        watched = self._watched[pid] = _Watched(proc, proc.name(), start)
+        user, start_time, cmdline = _identity(proc)
+        watched = self._watched[pid] = _Watched(proc, proc.name(), start, user=user, start_time=start_time,
+                                                cmdline=cmdline)
         return watched
 
     def _sample_linux(self, pid: int, now: float, device_uuid: str | None) -> ProcessSample:
@@ -234,6 +288,7 @@ class HostSource:
         return ProcessSample(
             time=now, pid=pid, device_uuid=device_uuid, name=watched.name, cpu_util=cpu, rss=rss,
             threads=threads, read_bytes=read_b, write_bytes=write_b, uses_torch=pid in self._torch_pids,
+            user=watched.user, start_time=watched.start_time, cmdline=watched.cmdline,
         )
 
     def _sample_psutil(self, pid: int, now: float, device_uuid: str | None) -> ProcessSample:
@@ -256,7 +311,8 @@ class HostSource:
         return ProcessSample(
             time=now, pid=pid, device_uuid=device_uuid, name=watched.name, cpu_util=_NAN if first else cpu,
             rss=rss, threads=threads, read_bytes=read_b, write_bytes=write_b,
-            uses_torch=pid in self._torch_pids,
+            uses_torch=pid in self._torch_pids, user=watched.user, start_time=watched.start_time,
+            cmdline=watched.cmdline,
         )
 
     def close(self) -> None:
@@ -269,6 +325,9 @@ class CombinedSource:
     GPU processes get CPU, RSS, threads, I/O and the torch flag; torch processes that use no GPU are
     added with the host as their device. `host_row=True` also appends the host pseudo-device row.
     """
+
+    local_processes = True  # enriched here: a process the host could not see has no start time, so it
+    # cannot be signalled (`signal_process` refuses it)
 
     def __init__(self, gpu: LiveSource, host: HostSource, host_row: bool = False) -> None:
         self.gpu = gpu
@@ -295,7 +354,8 @@ class CombinedSource:
             h = by_pid.get(p.pid)
             merged.append(p if h is None else replace(
                 p, name=p.name or h.name, cpu_util=h.cpu_util, rss=h.rss, threads=h.threads,
-                read_bytes=h.read_bytes, write_bytes=h.write_bytes, uses_torch=h.uses_torch))
+                read_bytes=h.read_bytes, write_bytes=h.write_bytes, uses_torch=h.uses_torch,
+                user=h.user, start_time=h.start_time, cmdline=h.cmdline))
         on_gpu = {p.pid for p in batch.processes}
         merged.extend(h for h in host.processes if h.pid not in on_gpu)
         devices, values = batch.devices, batch.values
@@ -303,7 +363,7 @@ class CombinedSource:
             devices = devices + host.devices
             values = np.vstack([values, host.values])
         return TickBatch(time=batch.time, devices=devices, values=values, processes=merged,
-                         events=batch.events + host.events)
+                         events=batch.events + host.events, health=batch.health)
 
     def close(self) -> None:
         try:
