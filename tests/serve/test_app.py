@@ -439,3 +439,30 @@ def test_a_kwh_price_without_a_power_reading_is_an_unknown_cost_not_zero(shared_
     assert state["totals"] and all(t["usd"] is None for t in state["totals"].values())
     page = TestClient(build_app(a)).get("/").text
     assert 't.usd === null ? "–"' in page  # the page draws that null as a dash, not $0
+
+
+def test_a_phase_inside_a_power_dropout_has_an_unknown_energy_cost_not_zero(shared_data: Path) -> None:
+    """A metered GPU whose power and energy readings are missing for its first 40 samples: the phase(s) of
+    that stretch have null joules, and their energy cost (a $/kWh price only) is null too, not $0 (which the
+    page drew as "$0.0000" in the totals)."""
+    from phasescope.schema import Trace
+
+    powered = read(shared_data / MIGRATION_RUN)[0]
+    cols = dict(powered.columns)
+    for sig in ("power", "energy"):
+        if sig in cols:
+            cols[sig] = np.array(cols[sig], dtype=np.float64)
+            cols[sig][:40] = np.nan
+    dropout = Trace(powered.device, powered.time, cols, powered.meta)
+    a = Agent(ReplaySource([dropout]), 1.0, classifier=LiveClassifier(PhaseModel.load()),
+              prices=PriceConfig(usd_per_kwh=0.12))
+    feed(a, ticks([dropout], stop=90))
+    snap = a.snapshot()
+    phases = snap["devices"][0]["energy"]["phases"]
+    assert snap["devices"][0]["energy"]["method"] != "none"
+    dark = [p for p, e in phases.items() if e["covered_s"] == 0]
+    assert dark and any(e["covered_s"] > 0 for e in phases.values())
+    for p in dark:
+        assert phases[p]["joules"] is None
+        assert phases[p]["cost"]["energy_usd"] is None and phases[p]["cost"]["total_usd"] is None
+        assert snap["totals"][p]["usd"] is None

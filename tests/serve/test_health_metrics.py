@@ -102,6 +102,12 @@ def test_health_series_only_where_the_gpu_has_the_counter(
     s = _samples(generate_latest(registry))
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_XID_ERRORS.name]} == {consumer: 1.0, dc: 0.0}
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_LAST_XID.name]} == {consumer: 79.0, dc: 0.0}
+    fake.xid(0, 45)  # the application's channel torn down after it: the last XID, not a critical one
+    agent.on_tick(source.read())
+    s = _samples(generate_latest(registry))
+    assert {lab["uuid"]: v for lab, v in s[mn.GPU_LAST_XID.name]} == {consumer: 45.0, dc: 0.0}
+    assert {lab["uuid"]: v for lab, v in s[mn.GPU_CRITICAL_XID_ERRORS.name]} == {consumer: 1.0, dc: 0.0}
+    assert {lab["uuid"]: v for lab, v in s[mn.GPU_LAST_CRITICAL_XID.name]} == {consumer: 79.0, dc: 0.0}
     assert any("XID 79 (GPU has fallen off the bus)" in e for e in agent.state.events())  # as `top` shows it
     source.close()
 
@@ -135,5 +141,27 @@ def test_api_state_carries_health_per_device(shared_data: Path, fake_nvml: Any, 
     assert (dc["health"]["xid_errors"], dc["health"]["last_xid"]) == (1, 48)
     assert dc["health"]["last_xid_time"] == pytest.approx(doc["time"], abs=1.0)
     # The consumer GPU: only what it has; no key for the rest.
-    assert set(consumer["health"]) == {"time", "pcie_replays", "xid_errors", "last_xid"}
+    assert set(consumer["health"]) == {"time", "pcie_replays", "xid_errors", "last_xid",
+                                       "critical_xid_errors", "last_critical_xid"}
+    assert (dc["health"]["critical_xid_errors"], dc["health"]["last_critical_xid"]) == (1, 48)
+    source.close()
+
+
+def test_serve_source_auto_serves_health(shared_data: Path, fake_nvml: Any, model: PhaseModel) -> None:
+    """`serve --source auto` opens NVML wrapped in the host source (CombinedSource, for process CPU/RSS),
+    which rebuilt each TickBatch without its health: /metrics had no health series at all there."""
+    from phasescope.cli.top import open_watched
+
+    fake = fake_nvml(read(shared_data / MIGRATION_RUN), mem_total_bytes=24576 * MIB)
+    fake.set_health(1, ecc=ECC, pcie_replays=7)
+    said: list[str] = []
+    source = open_watched("auto", said.append, host_row=True)  # what cli/serve.py opens
+    assert source.name == "nvml+host", said
+    agent = Agent(source, 1.0, classifier=LiveClassifier(model))
+    fake.xid(1, 79)
+    agent.on_tick(source.read())
+    s = _samples(generate_latest(registry_for(agent, host="node1")))
+    dc = source.devices()[1].uuid
+    assert [v for lab, v in s[mn.GPU_PCIE_REPLAYS.name] if lab["uuid"] == dc] == [7.0]
+    assert [v for lab, v in s[mn.GPU_LAST_CRITICAL_XID.name] if lab["uuid"] == dc] == [79.0]
     source.close()

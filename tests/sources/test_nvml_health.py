@@ -187,7 +187,8 @@ def test_xid_table_and_the_critical_alert_agree():
     """rules.yml's critical XID alert names exactly CRITICAL_XIDS; each has a meaning in the table."""
     rules = yaml.safe_load(RULES.read_text())
     (alert,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == CRITICAL_ALERT]
-    named = {int(x) for x in re.findall(r"phasescope_gpu_last_xid\s*==\s*(\d+)", alert["expr"])}
+    assert "phasescope_gpu_critical_xid_errors_total" in alert["expr"]  # the agent's CRITICAL_XIDS count
+    named = {int(x) for x in re.findall(r"(\d+): ", alert["annotations"]["description"])}
     assert named == CRITICAL_XIDS
     assert set(XID_MEANINGS) >= CRITICAL_XIDS
     assert {13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119} == set(XID_MEANINGS)
@@ -203,4 +204,56 @@ def test_combined_source_passes_health_on(fake_nvml, sg_traces):
     batch = src.read()
     uuid = sg_traces[0].device.uuid
     assert batch.health[uuid].pcie_replays == 3
+    src.close()
+
+
+def test_an_application_xid_after_a_critical_one_does_not_hide_it(fake_nvml, sg_traces):
+    """XID 48 (double-bit ECC), then 45 as the application's channel is torn down: the last XID is 45, and
+    the critical ones are counted apart (what the critical alert reads), so the 48 is not lost."""
+    fake = fake_nvml(sg_traces[:1], mem_total_bytes=24576 * MIB)
+    src = NvmlSource(health_interval_s=0.0)
+    uuid = src.devices()[0].uuid
+    h = src.read().health[uuid]
+    assert (h.critical_xid_errors, h.last_critical_xid) == (0, 0)  # watched, none yet
+    fake.xid(0, 48)
+    fake.xid(0, 45)
+    fake.advance()
+    h = src.read().health[uuid]
+    assert (h.xid_errors, h.last_xid) == (2, 45)
+    assert (h.critical_xid_errors, h.last_critical_xid) == (1, 48)
+    src.close()
+
+
+def test_an_xid_storm_is_counted_but_said_once_a_minute(fake_nvml, sg_traces, monkeypatch):
+    """An application faulting in a loop: XID 13 at 1000/s. Every event is drained and counted; the log gets
+    one line per code and tick at most, and the same code again only after XID_REPEAT_S, with the count it
+    skipped (it said 64 lines a tick). A critical XID in the middle of the storm is still said at once."""
+    from phasescope.sources import nvml as nvml_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(nvml_mod.time, "monotonic", lambda: clock[0])
+    fake = fake_nvml(sg_traces[:1], mem_total_bytes=24576 * MIB)
+    src = NvmlSource(health_interval_s=0.0)
+    uuid = src.devices()[0].uuid
+    src.read()
+
+    def tick(critical: bool = False) -> list[str]:
+        for _ in range(1000):  # a second of the storm
+            fake.xid(0, 13)
+        if critical:
+            fake.xid(0, 79)
+        fake.advance()
+        clock[0] += 1.0
+        return src.read().events
+
+    lines = [e for t in range(5) for e in tick(critical=t == 2)]
+    h = src.read().health[uuid]
+    assert (h.xid_errors, h.critical_xid_errors, h.last_critical_xid) == (5001, 1, 79)  # every one counted
+    assert len(lines) == 2
+    assert "XID 13 " in lines[0] and lines[0].endswith(", 1000 time(s) this tick")
+    assert "XID 79 " in lines[1]
+    clock[0] += nvml_mod.XID_REPEAT_S
+    (again,) = tick()
+    assert "XID 13 (graphics engine exception" in again
+    assert again.endswith("rarely the GPU), 1000 time(s) this tick, 4000 more since the last line about it")
     src.close()

@@ -57,7 +57,8 @@ def _health_doc(h: GpuHealth | None) -> dict[str, Any] | None:
     for key, value in (("row_remap_pending", h.remap_pending), ("row_remap_failure", h.remap_failure),
                        ("pcie_replays", h.pcie_replays), ("mem_temperature_c", h.mem_temperature_c),
                        ("xid_errors", h.xid_errors), ("last_xid", h.last_xid),
-                       ("last_xid_time", h.last_xid_time)):
+                       ("last_xid_time", h.last_xid_time), ("critical_xid_errors", h.critical_xid_errors),
+                       ("last_critical_xid", h.last_critical_xid)):
         if value is not None:
             doc[key] = value
     return doc
@@ -89,6 +90,8 @@ class Agent:
         capacity = max(history_ticks, self.classifier.ring_ticks(self.data_interval_s))
         self.state = LiveState(source.name, capacity=capacity, prices=self._device_prices,
                                idle_util=idle_util, gap_factor=gap_factor)
+        # The demo's terminal view reads this state (not `feed`): its processes are this host's to signal.
+        self.state.set_local_processes(bool(getattr(source, "local_processes", False)))
         self.hooks = hooks
         self.store = store  # every tick is also kept here, for `verify --since/--until` and history
         # The same per-tick step as `phasescope top`: phase into the state, hook KPIs where a run writes them.
@@ -266,9 +269,10 @@ class Agent:
             measured = methods.get(info.uuid, "none") != "none"
             phases = {}
             for label, (joules, seconds, covered) in sorted(energy.get(info.uuid, {}).items()):
-                cost = cost_of(seconds, joules, prices, measured)
-                # No second with a power or energy reading: the energy is unknown (null), not 0 J.
+                # No second with a power or energy reading: the energy is unknown (null), not 0 J, and so
+                # is its energy cost, also on a metered GPU (a phase spent in a power-sensor dropout).
                 known = covered > 0
+                cost = cost_of(seconds, joules, prices, measured and known)
                 phases[label] = {
                     "joules": _num(joules, 3) if known else None,
                     "kwh": _num(joules / J_PER_KWH) if known else None, "seconds": _num(seconds, 3),

@@ -58,6 +58,8 @@ class _HealthFamilies:
         self.mem_temp = _family(mn.GPU_MEM_TEMPERATURE, labels)
         self.xids = _family(mn.GPU_XID_ERRORS, labels)
         self.last_xid = _family(mn.GPU_LAST_XID, labels)
+        self.critical_xids = _family(mn.GPU_CRITICAL_XID_ERRORS, labels)
+        self.last_critical_xid = _family(mn.GPU_LAST_CRITICAL_XID, labels)
 
     def add(self, key: list[str], h: GpuHealth) -> None:
         for kind, scopes in sorted(h.ecc.items()):
@@ -69,13 +71,15 @@ class _HealthFamilies:
             if flag is not None:
                 fam.add_metric(key, 1.0 if flag else 0.0)
         for fam, v in ((self.replays, h.pcie_replays), (self.mem_temp, h.mem_temperature_c),
-                       (self.xids, h.xid_errors), (self.last_xid, h.last_xid)):
+                       (self.xids, h.xid_errors), (self.last_xid, h.last_xid),
+                       (self.critical_xids, h.critical_xid_errors),
+                       (self.last_critical_xid, h.last_critical_xid)):
             if v is not None:
                 fam.add_metric(key, float(v))
 
     def families(self) -> Iterator[Metric]:
         fams = (self.ecc, self.rows, self.pending, self.failure, self.replays, self.mem_temp, self.xids,
-                self.last_xid)
+                self.last_xid, self.critical_xids, self.last_critical_xid)
         yield from (f for f in fams if f.samples)
 
 

@@ -22,7 +22,8 @@ GPU health (NVML, physical GPUs only, read every 10 s: sources/nvml.py) is not a
 metrics, each absent where the GPU does not offer it (no ECC on a consumer GPU), never 0:
 `phasescope_gpu_ecc_errors_total{type, scope}`, `phasescope_gpu_remapped_rows_total{cause}`,
 `phasescope_gpu_row_remap_pending`, `phasescope_gpu_row_remap_failure`, `phasescope_gpu_pcie_replays_total`,
-`phasescope_gpu_mem_temperature_celsius`, `phasescope_gpu_xid_errors_total` and `phasescope_gpu_last_xid`.
+`phasescope_gpu_mem_temperature_celsius`, `phasescope_gpu_xid_errors_total`, `phasescope_gpu_last_xid`,
+`phasescope_gpu_critical_xid_errors_total` and `phasescope_gpu_last_critical_xid`.
 deploy/prometheus/dcgm_compat.yml republishes them under dcgm-exporter's names.
 
 The host source's pseudo-device (CPU and RAM, no GPU) is exported as `phasescope_host_*`, never under a
@@ -156,15 +157,26 @@ GPU_MEM_TEMPERATURE = MetricName(
     f"{PREFIX}_gpu_mem_temperature_celsius", "gauge", "GPU memory (HBM) temperature"
 )
 GPU_XID_ERRORS = MetricName(
-    f"{PREFIX}_gpu_xid_errors_total", "counter", "Critical XID error events seen since the agent started"
+    f"{PREFIX}_gpu_xid_errors_total", "counter", "XID error events (any code) seen since the agent started"
 )
 GPU_LAST_XID = MetricName(
     f"{PREFIX}_gpu_last_xid", "gauge",
     "Code of the newest XID error seen since the agent started (0: none), as dcgm-exporter's XID_ERRORS",
 )
+# The critical XIDs apart (sources/nvml.py CRITICAL_XIDS): the last XID alone would let an application XID
+# that follows a critical one (48, then 45 as the channel is torn down) hide it from an alert.
+GPU_CRITICAL_XID_ERRORS = MetricName(
+    f"{PREFIX}_gpu_critical_xid_errors_total", "counter",
+    "XID error events after which the GPU needs a reset or replacing (48, 62, 64, 74, 79, 95, 119), seen "
+    "since the agent started",
+)
+GPU_LAST_CRITICAL_XID = MetricName(
+    f"{PREFIX}_gpu_last_critical_xid", "gauge",
+    "Code of the newest critical XID error seen since the agent started (0: none)",
+)
 HEALTH_METRICS: tuple[MetricName, ...] = (
     GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_PENDING, GPU_ROW_REMAP_FAILURE, GPU_PCIE_REPLAYS,
-    GPU_MEM_TEMPERATURE, GPU_XID_ERRORS, GPU_LAST_XID,
+    GPU_MEM_TEMPERATURE, GPU_XID_ERRORS, GPU_LAST_XID, GPU_CRITICAL_XID_ERRORS, GPU_LAST_CRITICAL_XID,
 )
 
 # The host source's pseudo-device: schema column -> what it holds there (sources/host.py).

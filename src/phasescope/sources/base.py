@@ -31,9 +31,13 @@ class GpuHealth:
     remap_failure: bool | None = None  # a remap failed: no spare row was left
     pcie_replays: int | None = None  # PCIe replays (link retries) since the driver loaded
     mem_temperature_c: float | None = None  # memory (HBM) temperature
-    xid_errors: int | None = None  # critical XID events seen since the source opened; None: not watched
+    xid_errors: int | None = None  # XID events (any code) seen since the source opened; None: not watched
     last_xid: int | None = None  # the code of the newest one; 0 while none seen (as dcgm-exporter's field)
     last_xid_time: float | None = None  # wall clock it was seen
+    # The same for the XIDs after which the GPU itself needs a reset or replacing (sources/nvml.py
+    # CRITICAL_XIDS), apart: an application XID right after one (48, then 45) must not hide it.
+    critical_xid_errors: int | None = None
+    last_critical_xid: int | None = None  # 0 while none seen
 
 
 @dataclass

@@ -13,7 +13,8 @@ Error policy (see docs/ARCHITECTURE.md, "NVML and host sources"):
 GPU health (what dcgm-exporter users alert on: ECC errors, remapped rows, PCIe replays, memory temperature,
 XID errors) is per physical GPU state, not a signal: it is read every `health_interval_s` (HEALTH_INTERVAL_S)
 and handed on in `TickBatch.health`, so recordings, the store and the features do not change. XID events are
-drained every tick without blocking (NVML queues them), and each is one event line, as "GPU lost" is.
+drained every tick without blocking (NVML queues them); each is counted, and each code is said as an event
+line (as "GPU lost" is) at most once a tick with its count, and once a minute while it repeats.
 
 Devices are keyed by UUID: NVML ignores CUDA_VISIBLE_DEVICES, so its indices are not the CUDA ones.
 pynvml functions are looked up on the module at call time, so the test fake can patch them.
@@ -67,7 +68,12 @@ _NO_GPU_INSTANCE = 0xFFFFFFFF  # an event's gpuInstanceId when it is not about o
 # not every tick, where they would add about half again to a tick's 10-17 calls per GPU. XIDs are
 # drained every tick (one call per GPU), so the event line comes at once.
 HEALTH_INTERVAL_S = 10.0
-_MAX_XIDS_PER_TICK = 64  # a storm of XIDs is drained over several ticks, not inside one
+# Events drained per GPU and tick at most: a storm beyond it (1000/s at 1 Hz) waits in NVML's queue, where
+# a critical XID behind it would wait too, so the bound is well above what an application storm makes.
+_MAX_XIDS_PER_TICK = 1024
+# An XID code repeating (an application that faults in a loop: XID 13 hundreds of times a second) is said
+# once per tick at most, with its count, and again only after this long; the counters count every one.
+XID_REPEAT_S = 60.0
 # What the common XID codes mean, in short (NVIDIA's "XID Errors" documentation and XID catalog).
 XID_MEANINGS: dict[int, str] = {
     13: "graphics engine exception: usually the application (an out-of-range access), rarely the GPU",
@@ -131,6 +137,12 @@ class _Device:
     xid_count: int = 0
     last_xid: int = 0
     last_xid_time: float | None = None
+    # The critical ones (CRITICAL_XIDS) apart: an application XID right after (48, then 45 as its channel is
+    # torn down) must not hide that the GPU had one.
+    critical_xid_count: int = 0
+    last_critical_xid: int = 0
+    # (xid, GPU instance) -> (time.monotonic() it was last said, how many came since without a line)
+    xid_said: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
     # per-tick bookkeeping for the lost-GPU rule
     attempts: int = 0
     unknown: int = 0
@@ -513,16 +525,20 @@ class NvmlSource:
 
     def _xid_fields(self, dev: _Device) -> dict[str, Any]:
         if dev.xid_set is None:
-            return {"xid_errors": None, "last_xid": None, "last_xid_time": None}
-        return {"xid_errors": dev.xid_count, "last_xid": dev.last_xid, "last_xid_time": dev.last_xid_time}
+            return {"xid_errors": None, "last_xid": None, "last_xid_time": None, "critical_xid_errors": None,
+                    "last_critical_xid": None}
+        return {"xid_errors": dev.xid_count, "last_xid": dev.last_xid, "last_xid_time": dev.last_xid_time,
+                "critical_xid_errors": dev.critical_xid_count, "last_critical_xid": dev.last_critical_xid}
 
     def _poll_xids(self, dev: _Device, now: float, events: list[str]) -> None:
-        """Drain this GPU's queued XID events without waiting (timeout 0): each is counted and said once."""
+        """Drain this GPU's queued XID events without waiting (timeout 0): each is counted; each code is said
+        once per tick with its count, and a repeating one again only after XID_REPEAT_S (`_say_xids`)."""
         if dev.xid_set is None:
             return
         fn = "nvmlEventSetWait_v2"
         got = 0
-        while got < _MAX_XIDS_PER_TICK:
+        drained: dict[tuple[int, int], int] = {}  # (xid, GPU instance) -> events this tick, in order seen
+        for _ in range(_MAX_XIDS_PER_TICK):  # calls, not XIDs: bounded whatever the set hands back
             try:
                 data = pynvml.nvmlEventSetWait_v2(dev.xid_set, 0)
             except pynvml.NVMLError as exc:
@@ -542,10 +558,34 @@ class NvmlSource:
             xid = int(data.eventData)
             dev.xid_count += 1
             dev.last_xid, dev.last_xid_time = xid, now
-            events.append(xid_event_line(dev.info, xid, int(data.gpuInstanceId)))
+            if xid in CRITICAL_XIDS:
+                dev.critical_xid_count += 1
+                dev.last_critical_xid = xid
+            key = (xid, int(data.gpuInstanceId))
+            drained[key] = drained.get(key, 0) + 1
+        events.extend(self._say_xids(dev, drained))
         if got or dev.xid_set is None:
             base = dev.health or GpuHealth(time=now)
             dev.health = replace(base, **self._xid_fields(dev))
+
+    @staticmethod
+    def _say_xids(dev: _Device, drained: dict[tuple[int, int], int]) -> list[str]:
+        """One event line per XID code of this tick, unless the same code was said under XID_REPEAT_S ago:
+        then it is only counted, and the next line says how many were not."""
+        lines = []
+        mono = time.monotonic()
+        for key, n in drained.items():
+            said_at, unsaid = dev.xid_said.get(key, (-math.inf, 0))
+            if mono - said_at < XID_REPEAT_S:
+                dev.xid_said[key] = (said_at, unsaid + n)
+                continue
+            dev.xid_said[key] = (mono, 0)
+            line = xid_event_line(dev.info, key[0], key[1])
+            if n > 1 or unsaid:
+                line += f", {n} time(s) this tick" + (
+                    f", {unsaid} more since the last line about it" if unsaid else "")
+            lines.append(line)
+        return lines
 
     def _clocks_event_reasons(self, dev: _Device) -> Any:
         # Renamed in driver 535 ("throttle" -> "clocks event"); older drivers only have the old name.
