@@ -12,7 +12,7 @@ gaps are idle. Both rates of one workload share one `run`, so grouped splits nev
 
 Output (also packed into DIR/battery.tar.gz after every workload, so a timeout keeps what was done):
     DIR/h200/{1hz,10hz}/<workload>.parquet (+ .manifest.json, .processes.parquet), labels.csv, battery.json,
-    battery.log
+    battery.log, and first nvml_check.json/.txt (nvml_check.py's NVML report; --skip-nvml-check skips it)
 """
 
 from __future__ import annotations
@@ -829,6 +829,18 @@ def _one(battery: Battery, name: str, worker: subprocess.Popen[str], labels_path
     return result
 
 
+def _nvml_check(battery: Battery) -> None:
+    """nvml_check.py first, in a process of its own (a driver call that hangs or crashes there costs only its
+    report); into DIR/h200/, so battery.tar.gz carries nvml_check.json back."""
+    cmd = [sys.executable, str(Path(__file__).with_name("nvml_check.py")), "--out", str(battery.root)]
+    cmd += ["--dry-run"] * battery.dry_run
+    try:
+        rc: int | str = subprocess.run(cmd, env=_child_env(), timeout=150).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    battery.log(f"nvml_check: exit {rc}, report in {battery.root / 'nvml_check.json'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="output folder [default: $OUT]")
@@ -839,6 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=math.inf,
                     help="skip workloads that would end later than this many seconds after the start")
     ap.add_argument("--gap-s", type=float, default=None, help="idle s between workloads [3.5; dry 1.6]")
+    ap.add_argument("--skip-nvml-check", action="store_true", help="do not run nvml_check.py first")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--events", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
@@ -869,6 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     est = sum(battery.seconds(n) + gap + 1.5 for n in names)
     battery.log(f"battery: {len(names)} workloads x ({active:g} s + {gap:g} s gap), rates {RATES_HZ} Hz, "
                 f"dry run: {args.dry_run}, est. {est / 60:.1f} min")
+    if not args.skip_nvml_check:
+        _nvml_check(battery)
     return run_battery(battery)
 
 
