@@ -326,7 +326,7 @@ class Monitor:
                     return self._host(line.replace(f", {INSTALL_HINT}", ""))
             try:
                 # Lean reads: a window's energy needs power and the counter, not processes, GPM or NVLink.
-                nvml = NvmlSource(processes=False, gpm=False, nvlink=False)
+                nvml = NvmlSource(processes=False, gpm=False, nvlink=False, health=False)
             except SourceError as exc:
                 if kind == "nvml":
                     raise SourceError(for_api(str(exc))) from None

@@ -257,3 +257,17 @@ def test_an_xid_storm_is_counted_but_said_once_a_minute(fake_nvml, sg_traces, mo
     assert "XID 13 (graphics engine exception" in again
     assert again.endswith("rarely the GPU), 1000 time(s) this tick, 4000 more since the last line about it")
     src.close()
+
+
+def test_health_off_makes_no_event_set_and_no_health_call(fake_nvml, sg_traces):
+    """`phasescope.measure` reads NVML inside the user's code: it asks for no health, so no XID event set is
+    registered and no health call is made there."""
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    fake.set_health(0, pcie_replays=3)
+    src = NvmlSource(processes=False, gpm=False, nvlink=False, health=False, health_interval_s=0.0)
+    fake.xid(0, 79)
+    batch = src.read()
+    assert fake.event_sets == [] and not batch.health and batch.events == []
+    assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 0
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 0
+    src.close()

@@ -210,7 +210,7 @@ class NvmlSource:
 
     def __init__(
         self, processes: bool = True, gpm: bool = True, nvlink: bool = True,
-        health_interval_s: float = HEALTH_INTERVAL_S,
+        health_interval_s: float = HEALTH_INTERVAL_S, health: bool = True,
     ) -> None:
         _init()
         self._open = True
@@ -218,6 +218,7 @@ class NvmlSource:
         self._want_gpm = gpm
         self._want_nvlink = nvlink
         self._health_interval_s = float(health_interval_s)
+        self._want_health = health  # False: no XID event sets, no health reads (`measure` needs neither)
         self._errors: dict[str, int] = {}
         self._pending_events: list[str] = []
         self._host = socket.gethostname()
@@ -225,7 +226,7 @@ class NvmlSource:
         self._devs: list[_Device] = []
         try:
             self._enumerate()
-            for dev in self._devs:
+            for dev in self._devs if health else ():
                 self._setup_xid_events(dev)
         except BaseException:
             self.close()
@@ -406,7 +407,7 @@ class NvmlSource:
                 self._poll_xids(dev, now, events)
                 try:
                     self._read_signals(dev, row)
-                    if dev.parent is None and time.monotonic() >= dev.health_due:
+                    if self._want_health and dev.parent is None and time.monotonic() >= dev.health_due:
                         self._read_health(dev, now)
                     if self._want_processes and not dev.mig_enabled:
                         self._read_processes(dev, now, processes)
