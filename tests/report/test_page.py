@@ -104,3 +104,26 @@ def test_a_trace_without_power_shows_no_made_up_zero_kwh(shared_data: Path) -> N
     data = build([(path, [blind])], model=None)
     for html in (_summary(data), _kpis(data.devices[0]), _phase_table(data.devices[0])):
         assert "0.0000 kWh" not in html and "– kWh" in html
+
+
+def test_a_phase_without_power_on_a_metered_gpu_has_no_made_up_energy_cost(shared_data: Path) -> None:
+    import numpy as np
+
+    from phasescope.kpi.cost import Prices
+    from phasescope.report.data import device_report, load_model
+    from phasescope.schema import Trace
+    from phasescope.sources.replay import read
+
+    path = shared_data / "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
+    (tr,) = read(path)
+    model, _ = load_model()
+    prices = Prices(usd_per_gpu_hour=None, usd_per_kwh=0.12)
+    (seg,) = [s for s in device_report(tr, "x", model, prices).segments if s.label == "training"]
+    cols = dict(tr.columns)
+    dark = (tr.time >= seg.start - 1) & (tr.time <= seg.end + 1)
+    for sig in ("power", "energy"):
+        if sig in cols:
+            cols[sig] = np.where(dark, np.nan, np.asarray(cols[sig], dtype=np.float64))
+    d = device_report(Trace(tr.device, tr.time, cols, tr.meta), "x", model, prices)
+    assert d.energy.method != "none" and d.energy.phases["training"].covered_s == 0
+    assert d.phase_cost["training"].energy_usd is None  # was 0.0

@@ -30,11 +30,28 @@ def duration_option(help: str) -> Callable[[F], F]:
     return click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, help=help)
 
 
-def interval_option(help: str | None = None) -> Callable[[F], F]:
-    """`--interval SECONDS` between live samples (>= sampler.MIN_INTERVAL_S = 0.1; default 1 s)."""
+def interval_option(help: str) -> Callable[[F], F]:
+    """`--interval SECONDS` between live samples (>= sampler.MIN_INTERVAL_S = 0.1; None: `live_interval`)."""
     return click.option(
-        "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help=help
+        "--interval",
+        type=click.FloatRange(min=0.1),
+        default=None,
+        help=f"{help}  [default: 1; a replay: its own recorded rate x speed]",
     )
+
+
+def live_interval(source: Any, interval: float | None) -> float:
+    """The sampling interval for `source`: `interval` when given; else a replay's own recorded interval
+    divided by its speed (1 s would keep one sample in ten of a 1 Hz file replayed at speed=10), within the
+    sampler's 0.1 s limit; else 1 s."""
+    from phasescope.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+    from phasescope.sources.replay_live import ReplaySource
+
+    if interval is not None:
+        return interval
+    if isinstance(source, ReplaySource):
+        return max(MIN_INTERVAL_S, source.interval_s)
+    return DEFAULT_INTERVAL_S
 
 
 def price_options(gpu_hour_help: str, kwh_help: str, config_help: str) -> Callable[[F], F]:

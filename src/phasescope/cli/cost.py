@@ -11,7 +11,7 @@ import click
 
 from phasescope import config as configmod
 from phasescope.cli._options import price_options
-from phasescope.display import fmt_usd
+from phasescope.display import MISSING, fmt_usd
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.kpi.cost import (
     Cost,
@@ -292,7 +292,8 @@ def energy_cmd(
         )
         click.echo(label)
         click.echo(
-            f"  {r.joules:,.0f} J ({r.kwh:.4f} kWh)  method {r.method}  coverage {_pct(r.coverage)} "
+            f"  {_joules(r.measured_joules)} J ({_kwh(r.measured_kwh)} kWh)  method {r.method}  "
+            f"coverage {_pct(r.coverage)} "
             f"of {r.span_s:,.0f} s  mean {_watts(r.mean_power_w)}"
             + (f"  counter resets {r.resets}" if r.resets else "")
             + _cost_text(cost)
@@ -303,9 +304,18 @@ def energy_cmd(
             click.echo(f"  whole trace only: {note}")
         for name, pe in sorted(r.phases.items(), key=lambda kv: -kv[1].seconds):
             click.echo(
-                f"  {name:<12} {pe.joules:>14,.0f} J  {pe.seconds:>9,.0f} s  coverage {_pct(pe.coverage)}"
+                f"  {name:<12} {_joules(pe.measured_joules):>14} J  {pe.seconds:>9,.0f} s  "
+                f"coverage {_pct(pe.coverage)}"
                 + _cost_text(by_phase[name])
             )
+
+
+def _joules(x: float | None) -> str:
+    return MISSING if x is None else f"{x:,.0f}"
+
+
+def _kwh(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.4f}"
 
 
 def _pct(x: float) -> str:

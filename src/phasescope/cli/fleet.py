@@ -23,15 +23,17 @@ def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) 
 
 @click.command(
     "fleet",
-    epilog="Examples:\n\n"
-    "  phasescope fleet --prometheus http://prometheus:9090 --since 1h\n\n"
-    "  phasescope fleet --prometheus http://thanos-query:9090 --selector '{namespace=\"ml\"}' --json\n\n"
+    # \b keeps each example on one line (click rewraps an epilog's paragraphs to the terminal width).
+    epilog="\b\nExamples:\n"
+    "  phasescope fleet --prometheus http://prometheus:9090 --since 1h\n"
+    "  phasescope fleet --prometheus http://thanos-query:9090 --selector '{namespace=\"ml\"}' --json\n"
     "  phasescope fleet --prometheus http://prometheus:9090 --serve --shard 0/4 --port 9465",
 )
 @click.option(
     "--prometheus",
     "url",
     envvar="PHASESCOPE_PROMETHEUS",
+    show_envvar=True,  # "[required]" alone would hide that the variable stands in for the flag
     required=True,
     help="Base URL of Prometheus, Thanos Query, Mimir (…/prometheus) or VictoriaMetrics.",
 )

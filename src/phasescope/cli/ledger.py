@@ -13,7 +13,7 @@ import threading
 
 import click
 
-from phasescope.cli._options import duration_option, interval_option, key_option
+from phasescope.cli._options import duration_option, interval_option, key_option, live_interval
 from phasescope.sources.open import SPEC_HELP
 
 
@@ -27,7 +27,7 @@ from phasescope.sources.open import SPEC_HELP
 )
 @click.option("--source", default="auto", show_default=True, help=SPEC_HELP)
 @duration_option("Stop after this many seconds (default: until Ctrl-C).")
-@interval_option()
+@interval_option("Seconds between samples.")
 @click.option(
     "--batch",
     "batch_rows",
@@ -48,7 +48,7 @@ def command(
     output: str,
     source: str,
     duration: float | None,
-    interval: float,
+    interval: float | None,
     batch_rows: int,
     root_every: int,
     key_name: str,
@@ -81,8 +81,9 @@ def command(
     )
 
     try:
-        stats = Sampler(src, interval).run(until_played_out(src, writer.on_tick, stop), duration=duration,
-                                           stop=stop)
+        stats = Sampler(src, live_interval(src, interval)).run(
+            until_played_out(src, writer.on_tick, stop), duration=duration, stop=stop
+        )
     except KeyboardInterrupt:
         stats = None
     finally:

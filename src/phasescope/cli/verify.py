@@ -17,7 +17,13 @@ from typing import Any
 
 import click
 
-from phasescope.cli._options import duration_option, interval_option, key_option, model_option
+from phasescope.cli._options import (
+    duration_option,
+    interval_option,
+    key_option,
+    live_interval,
+    model_option,
+)
 from phasescope.errors import InputError, PhasescopeError
 
 EXIT_INCONSISTENT = 1
@@ -56,7 +62,9 @@ def print_table(verdicts: Sequence[dict[str, Any]], total: dict[str, Any] | None
     cols = ["device", "window", "verdict", "p(train)", "cover"] + (["FLOP [band]"] if show_flop else [])
     for col in cols:
         table.add_column(col, no_wrap=True, min_width=12 if col == "verdict" else None)
-    table.add_column("why", overflow="fold", ratio=1, min_width=20)
+    # No min_width: where the fixed columns leave less than it, rich would cut every line of the reason at
+    # the terminal's edge instead of folding it.
+    table.add_column("why", overflow="fold", ratio=1)
     for v in verdicts:
         p = (v.get("probabilities") or {}).get("training")
         f = v["flop"]
@@ -154,7 +162,7 @@ def command(
     store_path: str | None,
     source: str | None,
     duration: float | None,
-    interval: float,
+    interval: float | None,
     window_s: float | None,
     model_path: str | None,
     as_json: bool,
@@ -209,7 +217,9 @@ def command(
             writer = LedgerWriter(bundle, key, model=model, meta={**meta, "source": source})
         assert duration is not None
         try:
-            traces = inp.sample_live(src, duration, interval, on_tick=writer.on_tick if writer else None)
+            traces = inp.sample_live(
+                src, duration, live_interval(src, interval), on_tick=writer.on_tick if writer else None
+            )
         finally:
             src.close()
     else:

@@ -121,8 +121,13 @@ def judge(
     if known.size:
         proba = {ph: float(pred.proba[known[-1], i]) for i, ph in enumerate(PHASES)}
     cost = Cost(None, None)
-    if held is not None and prices is not None:
-        cost = cost_of(held.seconds, held.joules if held.covered_s > 0 else 0.0, prices)
+    # Priced: a GPU never held idle costs $0 (not "unpriced"); held-idle energy without a reading is None.
+    if prices is not None:
+        cost = (
+            cost_of(0.0, 0.0, prices)
+            if held is None
+            else cost_of(held.seconds, held.joules, prices, measured=held.covered_s > 0)
+        )
     return DeviceVerdict(
         uuid=trace.device.uuid,
         host=trace.device.host,

@@ -86,7 +86,7 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
     usd = w["held_idle_usd"]
     console.print(
         f"held-idle: {w['held_idle_gpu_hours']:.2f} GPU-hours, {w['held_idle_kwh']:.2f} kWh"
-        + (f", ${usd:,.2f}" if usd is not None else " (set --usd-per-gpu-hour / --usd-per-kwh to price it)")
+        + (f", ${usd:,.2f}" if usd is not None else " (set --price-gpu-hour / --price-kwh to price it)")
     )
     if show_devices:
         dev = Table(title="devices", title_justify="left")

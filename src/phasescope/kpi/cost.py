@@ -236,7 +236,9 @@ def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, P
     for r in results:
         p = prices if isinstance(prices, Prices) else prices[r.device]
         for label, pe in r.phases_or_whole().items():
-            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p, r.method != "none")
+            # A phase without any power or energy reading has an unknown energy cost, also on a metered GPU.
+            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p,
+                                                        r.method != "none" and pe.covered_s > 0)
     return out
 
 

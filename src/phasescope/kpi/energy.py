@@ -87,6 +87,15 @@ class _EnergyFigures:
     def mean_power_w(self) -> float:
         return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
 
+    @property
+    def measured_joules(self) -> float | None:
+        """`joules`, or None where no second had a power or energy reading (unknown energy is not 0 J)."""
+        return self.joules if self.covered_s > 0 else None
+
+    @property
+    def measured_kwh(self) -> float | None:
+        return self.kwh if self.covered_s > 0 else None
+
 
 @dataclass(frozen=True)
 class PhaseEnergy(_EnergyFigures):
@@ -104,8 +113,8 @@ class PhaseEnergy(_EnergyFigures):
     def to_dict(self) -> dict[str, Any]:
         return {
             "label": self.label,
-            "joules": self.joules,
-            "kwh": self.kwh,
+            "joules": self.measured_joules,
+            "kwh": self.measured_kwh,
             "seconds": self.seconds,
             "covered_s": self.covered_s,
             "coverage": _json_float(self.coverage),
@@ -145,8 +154,8 @@ class DeviceEnergy(_EnergyFigures):
             "device": self.device,
             "name": self.name,
             "method": self.method,
-            "joules": self.joules,
-            "kwh": self.kwh,
+            "joules": self.measured_joules,
+            "kwh": self.measured_kwh,
             "span_s": self.span_s,
             "covered_s": self.covered_s,
             "uncovered_s": self.uncovered_s,

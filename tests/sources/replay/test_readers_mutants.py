@@ -84,3 +84,10 @@ def test_a_sweep_file_without_a_clock_is_timed_by_the_interval_option(tmp_path: 
     assert t.time.tolist() == [0.0, 5.0, 10.0, 15.0]
     (default,) = read(p, "nvidia-smi-csv")
     assert default.time.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_phasescope_recording_names_its_run_and_clock() -> None:
+    """FORMATS.md: every trace has meta["run"] (the file stem) and meta["clock"]; our own recordings too."""
+    path = Path(__file__).resolve().parents[3] / "data/h200/1hz/train_mlp.parquet"
+    (trace,) = read(path)
+    assert trace.meta["run"] == "train_mlp" and trace.meta["clock"] == "unix"

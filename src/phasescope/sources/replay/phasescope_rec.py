@@ -22,4 +22,8 @@ def sniff(path: str | Path) -> bool:
 def read(path: str | Path, options: Mapping[str, str] | None = None) -> list[Trace]:
     for key in options or {}:
         raise InputError(path, f"option {key!r}", "no options (format 'phasescope' takes none)")
-    return read_recording(path)
+    traces = read_recording(path)
+    for tr in traces:  # as every reader: the run is the file's stem, and a recording is timed on Unix seconds
+        tr.meta.setdefault("run", Path(path).stem)
+        tr.meta.setdefault("clock", "unix")
+    return traces
