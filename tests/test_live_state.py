@@ -312,7 +312,8 @@ def test_training_alarm_is_a_note_on_its_device_while_it_holds(traces: list[Trac
 
 def test_process_rows_show_user_elapsed_command_and_share_of_ram(traces: list[Trace]) -> None:
     """nvitop's USER, TIME, COMMAND and %MEM on a process sub-row; the filter finds a process by user or by
-    anything on its command line; /api/state's entries carry the same, NaN as None."""
+    anything on its command line; `process_entries` (JSON-ready; not served by /api/state) carry the same,
+    NaN as None."""
     state = LiveState("test")
     batch = next(ticks(traces[:1], 0, 1))
     uuid = traces[0].device.uuid

@@ -166,6 +166,7 @@ class Row:
     phase: str = ""  # the device's phase (PHASES or "unknown"), "" before the classifier spoke
     idle_held: bool = False
     pid: int | None = None  # a process row's PID (None on device rows and the "+N more" row)
+    cmd: str = ""  # a process row's command line as its Notes end with it (a narrow table leaves it out)
 
 
 @dataclass(frozen=True)
@@ -385,8 +386,9 @@ class LiveState:
             return next((p for p in procs if p.pid == pid), None)
 
     def process_entries(self) -> dict[str, list[dict[str, object]]]:
-        """uuid -> one JSON-ready dict per process of the newest tick (/api/state): the sample's fields,
-        elapsed seconds and %MEM of host RAM as a ratio; unknown numbers are None, never NaN."""
+        """uuid -> one JSON-ready dict per process of the newest tick: the sample's fields, elapsed seconds
+        and %MEM of host RAM as a ratio; unknown numbers are None, never NaN. Not served: /api/state has no
+        per-process entries, and a command line (it can hold a secret) must not go there without a choice."""
         with self._lock:
             groups = [(u, d.processes) for u, d in self._devices.items() if d.processes]
             if self._orphans:
@@ -698,8 +700,9 @@ class LiveState:
         up = p.time - p.start_time
         if math.isfinite(up):
             notes.append(f"up {fmt_elapsed(up)}")
-        if p.cmdline:  # last: the one long, free-form note (as nvitop's COMMAND column)
-            notes.append(ellipsize(p.cmdline, CMD_CELL_CHARS))
+        cmd = ellipsize(p.cmdline, CMD_CELL_CHARS)
+        if cmd:  # last: the one long, free-form note (as nvitop's COMMAND column)
+            notes.append(cmd)
         cells["info"] = " · ".join(notes)
         hook_phase = self._proc_phase.get(p.pid, "")
         if hook_phase:
@@ -708,7 +711,7 @@ class LiveState:
         if kpis:
             dev = self._devices.get(uuid)
             cells["kpi"] = kpi_text(kpis, hook_phase or (self._shown_phase(dev) if dev else ""))
-        return Row("process", f"{uuid}/{p.pid}", uuid, cells, hook_phase, pid=p.pid)
+        return Row("process", f"{uuid}/{p.pid}", uuid, cells, hook_phase, pid=p.pid, cmd=cmd)
 
 
 def kpi_text(kpis: Mapping[str, float] | None, phase: str) -> str:

@@ -19,7 +19,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from phasescope.display import MISSING, PHASE_BADGE, ellipsize
+from phasescope.display import MISSING, PHASE_BADGE, ellipsize, printable
 from phasescope.live_state import COLUMNS, IDLE_HELD, SORT_KEYS, LiveState, Row, process_detail
 from phasescope.sources.host import signal_process
 
@@ -178,13 +178,12 @@ class TopApp(App[None]):
             table = self.query_one("#table", DataTable)
         except NoMatches:  # shutting down: the refresh timer can tick once more after the widgets went
             return
-        status.update(Text(self.state.status_line(), no_wrap=True))
         self.sub_title = header_text(self.sort, self.filter_text, self.web_url)
         key = (self.state.version, self.sort, self.filter_text)
-        if key == self._drawn and not force:
-            return
-        self._draw_table(table, key)
-        self._show_detail()
+        if key != self._drawn or force:
+            self._draw_table(table, key)
+            self._show_detail()
+        status.update(Text(status_text(self.state, self.filter_text, len(self.shown_rows)), no_wrap=True))
 
     def _draw_table(self, table: DataTable[Text], key: tuple[int, str, str]) -> None:
         same_view = self._drawn is not None and key[1:] == self._drawn[1:]  # only new samples
@@ -222,7 +221,7 @@ class TopApp(App[None]):
         if p is None:
             detail.remove_class("shown")
             return
-        detail.update(Text(process_detail(p, self.state.host_mem_total)))
+        detail.update(Text(printable(process_detail(p, self.state.host_mem_total))))
         detail.add_class("shown")
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -252,7 +251,7 @@ class TopApp(App[None]):
         def answer(yes: bool | None) -> None:
             self._say(signal_process(p.pid, p.start_time, sig)[1] if yes else f"{name} to {p.pid}: not sent")
 
-        self.push_screen(ConfirmScreen(f"Send {name} to {who}{cmd}? y/n"), answer)
+        self.push_screen(ConfirmScreen(printable(f"Send {name} to {who}{cmd}? y/n")), answer)
 
     def _say(self, line: str) -> None:
         self.state.note(line)  # the status line shows the newest note
@@ -306,12 +305,25 @@ def header_text(sort: str, filter_text: str = "", web_url: str | None = None) ->
     return " · ".join(parts)
 
 
-def styled_cells(row: Row) -> list[Text]:
-    """A row's cells as rich Text: the phase as a coloured badge, an idle-but-held device in yellow."""
+def status_text(state: LiveState, filter_text: str, rows_shown: int) -> str:
+    """The status line; first, when a filter hides every row of a sampled table, that it does (an empty
+    table alone reads as "nothing running")."""
+    line = state.status_line()
+    if filter_text.strip() and not rows_shown and state.ticks:
+        return printable(f"no row matches {filter_text.strip()!r} · {line}")
+    return line
+
+
+def styled_cells(row: Row, with_cmd: bool = True) -> list[Text]:
+    """A row's cells as rich Text: the phase as a coloured badge, an idle-but-held device in yellow.
+    `with_cmd=False`: a process row's Notes without its command line."""
     base = "bold" if row.kind == "device" else "dim"
     out = []
     for col in COLUMNS:
         text = row.cells[col.key]
+        if col.key == "info" and row.cmd and not with_cmd:
+            text = text.removesuffix(f" · {row.cmd}")
+        text = printable(text)  # a replay's or an old recording's names are not sanitized
         style = base
         if col.key == "phase" and row.phase and text != MISSING:
             style = PHASE_BADGE.get(row.phase, PHASE_BADGE["unknown"])
@@ -342,17 +354,22 @@ def render_table(
     """The same table as the app, as one rich Table (for --once / --plain and logs); a dashboard served
     beside it (`web_url`) is named in the title of every table, as in the app's header.
 
-    `width` (a terminal's columns): the table drops NARROW_DROP columns until it fits, and says so in
-    its title, rather than letting rich squeeze every column (the phase shrank to nothing at 80 columns).
+    `width` (a terminal's columns): the table drops process command lines, then NARROW_DROP columns until
+    it fits, and says so in its title, rather than letting rich squeeze every column (the phase shrank to
+    nothing at 80 columns).
     """
-    cells = [styled_cells(row) for row in state.rows(sort, filter_text)]
-    status = state.status_line()
+    rows = state.rows(sort, filter_text)
+    cells = [styled_cells(row) for row in rows]
+    status = status_text(state, filter_text, len(rows))
     hidden: list[str] = []
+    has_cmd = with_cmd = any(row.cmd for row in rows)
     while True:
         shown = [i for i, col in enumerate(COLUMNS) if col.key not in hidden]
         title = "phasescope" + (f" · dashboard {web_url}" if web_url else "")
-        if hidden:
-            title += f" · {len(hidden)} column(s) hidden: widen the terminal to see them"
+        what = [f"{len(hidden)} column(s)"] if hidden else []
+        what += ["command lines"] if has_cmd and not with_cmd else []
+        if what:
+            title += f" · {' and '.join(what)} hidden: widen the terminal to see them"
         # Text, not a str: rich would read "[/]" or "[red]" in a path or device name as markup (and raise).
         table = Table(title=Text(title), caption=Text(status), caption_justify="left", expand=False)
         for i in shown:  # fitted: a cell may wrap at its spaces rather than be cut to "…"
@@ -366,6 +383,13 @@ def render_table(
                             else row_cells[i] for i in shown))
         if width is None or len(hidden) == len(NARROW_DROP) or _natural_width(table) <= width:
             return table
+        if with_cmd:
+            # Too narrow for every column: process command lines give way first (wrapped in Notes they take
+            # a line per word, and their width would hide columns that fit without them); the TUI's detail
+            # line and the piped table keep them.
+            with_cmd = False
+            cells = [styled_cells(row, with_cmd=False) for row in rows]
+            continue
         hidden.append(NARROW_DROP[len(hidden)])
 
 

@@ -185,7 +185,10 @@ def test_long_command_line_is_cut_and_unreadable_identity_is_empty(monkeypatch, 
         src = HostSource(find_torch=False)
         src.watch([long_child.pid])
         (p,) = src.read().processes
-        assert (p.user, p.cmdline) == ("", "") and math.isnan(p.start_time) and p.rss > 0
+        assert (p.user, p.cmdline) == ("", "") and p.rss > 0
+        # Linux reads the start from /proc/PID/stat with the numbers (what `signal_process` checks); the
+        # portable path asks psutil, which was refused.
+        assert math.isnan(p.start_time) != linux_fast_path
         assert src.error_counts() == {}
     finally:
         _stop(long_child)  # type: ignore[arg-type]
@@ -206,7 +209,14 @@ def test_combined_source_carries_who_and_what(fake_nvml, shared_data, plain_chil
 
 def test_signal_goes_only_to_the_process_that_was_sampled(plain_child, monkeypatch):
     pid = plain_child.pid
-    start = psutil.Process(pid).create_time()
+    src = HostSource(find_torch=False)
+    src.watch([pid])
+    (sample,) = src.read().processes
+    start = sample.start_time  # as `top` has it: what the view passes on
+    assert start == pytest.approx(psutil.Process(pid).create_time(), abs=1.0)
+    # A process that started a few ticks after the sampled one (the PID reused within the second) is another.
+    sent, line = signal_process(pid, start - 0.05, signal.SIGTERM)
+    assert not sent and "another process" in line
     sent, line = signal_process(pid, math.nan, signal.SIGTERM)
     assert not sent and "not visible from here" in line
     sent, line = signal_process(pid, start - 3600, signal.SIGTERM)  # the PID was reused since the sample
@@ -217,8 +227,12 @@ def test_signal_goes_only_to_the_process_that_was_sampled(plain_child, monkeypat
     def denied(self: psutil.Process, sig: int) -> None:
         raise psutil.AccessDenied(self.pid)
 
+    def denied_fd(fd: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
     with monkeypatch.context() as m:
         m.setattr(host_module.psutil.Process, "send_signal", denied)
+        m.setattr(host_module.signal, "pidfd_send_signal", denied_fd)
         sent, line = signal_process(pid, start, signal.SIGTERM)
     assert not sent and line == f"SIGTERM not sent to {pid}: permission denied (another user's process?)"
     assert plain_child.poll() is None  # nothing reached it so far

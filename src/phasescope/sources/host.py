@@ -28,7 +28,7 @@ from typing import TypeVar
 import numpy as np
 import psutil
 
-from phasescope.display import ellipsize
+from phasescope.display import ellipsize, printable
 from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 
@@ -102,12 +102,15 @@ def _or_empty(read: Callable[[], _T], empty: _T) -> _T:
         return empty
 
 
-def _identity(proc: psutil.Process) -> tuple[str, float, str]:
+def _identity(proc: psutil.Process, start_ticks: int | None = None) -> tuple[str, float, str]:
     """(user, start Unix seconds, command line) of a process; each "" / NaN where it cannot be read
-    (hidepid, a zombie's empty argv, one that just exited): never an error."""
+    (hidepid, a zombie's empty argv, one that just exited): never an error. `start_ticks` (Linux: read from
+    /proc/PID/stat already) gives the start exactly as `signal_process` will check it."""
     argv: list[str] = _or_empty(proc.cmdline, [])
-    return (_or_empty(proc.username, ""), float(_or_empty(proc.create_time, _NAN)),
-            ellipsize(" ".join(argv), CMDLINE_CHARS))
+    start = _start_time(start_ticks) if start_ticks is not None else float(_or_empty(proc.create_time, _NAN))
+    # printable: argv is anyone's to choose (`exec -a`), and an ESC in it must not reach the terminal raw.
+    user = printable(_or_empty(proc.username, ""))
+    return user, start, ellipsize(printable(" ".join(argv)), CMDLINE_CHARS)
 
 
 def _read_proc_stat(pid: int) -> tuple[float, float, float, int]:
@@ -130,7 +133,36 @@ def _read_proc_io(pid: int) -> tuple[float, float]:
     return float(fields.get(b"read_bytes", _NAN)), float(fields.get(b"write_bytes", _NAN))
 
 
-SAME_START_S = 1.0  # start times this close are one process: the kernel's boot time can shift by a second
+SAME_START_S = 1.0  # off Linux: start times this close are one process (psutil's boot time can shift by 1 s)
+_boot_time_s: float | None = None
+
+
+def _start_time(ticks: int) -> float:
+    """Unix seconds a process started, from its start ticks since boot (/proc/PID/stat field 22). The boot
+    time is read once per phasescope process, so a sample's start and `signal_process`'s check agree to the
+    tick even after the wall clock was stepped (/proc/stat's btime moves with it)."""
+    global _boot_time_s
+    if _boot_time_s is None:
+        _boot_time_s = float(psutil.boot_time())
+    return _boot_time_s + ticks / _CLK_TCK
+
+
+def _send_if_same(pid: int, start_time: float, sig: int) -> bool:
+    """Linux: send `sig` through a pidfd (it names one process, never a later one with the same PID) once
+    the process behind it is shown to have started at `start_time`, to the tick. False: another process."""
+    fd = os.pidfd_open(pid)  # ProcessLookupError: gone
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:  # after the pidfd: if it still matches, the pidfd is it
+            data = fh.read()
+        f = data[data.rfind(b")") + 2:].split()  # f[0] is field 3 (state) of proc(5)
+        if abs(_start_time(int(f[19])) - start_time) > 0.5 / _CLK_TCK:
+            return False
+        if f[0] in (b"Z", b"X"):  # exited, not yet reaped: a signal would "succeed" and do nothing
+            raise ProcessLookupError(pid)
+        signal.pidfd_send_signal(fd, sig)  # ProcessLookupError: exited (a zombie included)
+        return True
+    finally:
+        os.close(fd)
 
 
 def signal_process(pid: int, start_time: float, sig: int) -> tuple[bool, str]:
@@ -142,15 +174,36 @@ def signal_process(pid: int, start_time: float, sig: int) -> tuple[bool, str]:
     if pid == os.getpid():
         return False, f"{what} not sent: {pid} is phasescope itself (q quits)"
     try:
-        proc = psutil.Process(pid)
-        if abs(proc.create_time() - start_time) > SAME_START_S:
-            return False, f"{what} not sent: PID {pid} now belongs to another process"
-        proc.send_signal(sig)
-    except psutil.NoSuchProcess:  # ZombieProcess included: it has exited, its parent has not reaped it
+        if _LINUX and hasattr(os, "pidfd_open"):
+            if not _send_if_same(pid, start_time, sig):
+                return False, f"{what} not sent: PID {pid} now belongs to another process"
+        else:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - start_time) > SAME_START_S:
+                return False, f"{what} not sent: PID {pid} now belongs to another process"
+            proc.send_signal(sig)
+    # ZombieProcess is a NoSuchProcess: it has exited, its parent has not reaped it.
+    except (psutil.NoSuchProcess, ProcessLookupError, FileNotFoundError):
         return False, f"{what} not sent: process {pid} has exited"
     except (psutil.AccessDenied, PermissionError):
         return False, f"{what} not sent to {pid}: permission denied (another user's process?)"
     return True, f"sent {what} to {pid}"
+
+
+_INIT_PID_NS_INO = 0xEFFFFFFC  # the kernel's PROC_PID_INIT_INO: the inode of the initial PID namespace
+
+
+def in_init_pid_namespace() -> bool:
+    """Whether this process sees the host's PIDs (not in a container's own PID namespace). NVML reports
+    the host's PIDs; from another namespace the same number in /proc can be a different process. False
+    where it cannot tell on Linux; True off Linux (no PID namespaces)."""
+    if not _LINUX:
+        return True
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+        return int(link.partition("[")[2].rstrip("]")) == _INIT_PID_NS_INO
+    except (OSError, ValueError):
+        return False
 
 
 def is_host_device(info: DeviceInfo) -> bool:
@@ -270,9 +323,9 @@ class HostSource:
 
     def _first_sight(self, pid: int, start: int) -> _Watched:
         proc = psutil.Process(pid)
-        user, start_time, cmdline = _identity(proc)
-        watched = self._watched[pid] = _Watched(proc, proc.name(), start, user=user, start_time=start_time,
-                                                cmdline=cmdline)
+        user, start_time, cmdline = _identity(proc, start if _LINUX else None)
+        watched = self._watched[pid] = _Watched(proc, printable(proc.name()), start, user=user,
+                                                start_time=start_time, cmdline=cmdline)
         return watched
 
     def _sample_linux(self, pid: int, now: float, device_uuid: str | None) -> ProcessSample:
@@ -334,6 +387,10 @@ class CombinedSource:
         self.host = host
         self.host_row = host_row
         self.name = f"{gpu.name}+host"
+        # NVML reports the host's PIDs (the driver knows no PID namespaces). In a container's own PID
+        # namespace the same number in our /proc is another process, or none: its CPU, RSS, name, user and
+        # command would be another's, and `k` would signal that one. There, GPU processes are not enriched.
+        self._same_pids = in_init_pid_namespace()
 
     def devices(self) -> list[DeviceInfo]:
         return self.gpu.devices() + (self.host.devices() if self.host_row else [])
@@ -346,9 +403,9 @@ class CombinedSource:
 
     def read(self) -> TickBatch:
         batch = self.gpu.read()
-        self.host.watch(p.pid for p in batch.processes)
+        self.host.watch(p.pid for p in batch.processes if self._same_pids)
         host = self.host.read()
-        by_pid = {p.pid: p for p in host.processes}
+        by_pid = {p.pid: p for p in host.processes} if self._same_pids else {}
         merged: list[ProcessSample] = []
         for p in batch.processes:
             h = by_pid.get(p.pid)
@@ -356,7 +413,7 @@ class CombinedSource:
                 p, name=p.name or h.name, cpu_util=h.cpu_util, rss=h.rss, threads=h.threads,
                 read_bytes=h.read_bytes, write_bytes=h.write_bytes, uses_torch=h.uses_torch,
                 user=h.user, start_time=h.start_time, cmdline=h.cmdline))
-        on_gpu = {p.pid for p in batch.processes}
+        on_gpu = {p.pid for p in batch.processes} if self._same_pids else set()  # else: host PIDs, not ours
         merged.extend(h for h in host.processes if h.pid not in on_gpu)
         devices, values = batch.devices, batch.values
         if self.host_row:
