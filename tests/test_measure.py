@@ -516,3 +516,24 @@ def test_auto_interval_looks_only_at_the_reported_devices(fake_nvml, sg_traces):
     (gpu,) = m.devices
     assert gpu.method == "counter"
     assert gpu.energy_j == pytest.approx(_recorded_joules(sg_traces[1], 0, 5), abs=0.002)
+
+
+def test_prices_as_the_config_files_table(fake_nvml, sg_traces):
+    """`prices={...}` (the config's [prices] keys) used to end in an AttributeError ('dict' object has no
+    attribute 'for_device') at the first end_window; it is read as the file's table, per-model overrides
+    too, and anything else is one line naming the argument."""
+    fake = fake_nvml(sg_traces, energy_from_power=True)
+    table = {"usd_per_gpu_hour": 1.0, "usd_per_kwh": 0.12, "gpu": {"FAKE replay": {"usd_per_gpu_hour": 2.5}}}
+    with Monitor("nvml", prices=table) as mon:
+        mon.begin_window("w")
+        fake.advance(5)
+        m = mon.end_window("w")
+    for dev in m.devices:
+        assert dev.cost.time_usd == pytest.approx(dev.span_s / 3600 * 2.5)  # the model override
+        assert dev.cost.energy_usd == pytest.approx(dev.energy_j / 3.6e6 * 0.12)
+    with pytest.raises(InputError, match=r"^Monitor: prices\.usd_per_kwh: expected a number >= 0"):
+        Monitor("host", prices={"usd_per_kwh": -1})
+    with pytest.raises(InputError, match=r"^Monitor: prices\.usd_per_hour: expected one of the known keys"):
+        Monitor("host", prices={"usd_per_hour": 2.5})
+    with pytest.raises(InputError, match=r"^Monitor: prices: expected a Prices, a PriceConfig, a mapping"):
+        Monitor("host", prices=2.5)  # type: ignore[arg-type]

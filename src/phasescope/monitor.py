@@ -57,6 +57,7 @@ import numpy as np
 
 from phasescope.config import PriceConfig
 from phasescope.config import load as load_config
+from phasescope.config import parse as parse_config
 from phasescope.errors import InputError, SourceError
 from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
@@ -258,9 +259,11 @@ class Monitor:
         energy counter, 5 s with RAPL (its counter wraps), else none; a number: always, at that period
         (>= 0.1 s); None: never (energy then comes from the readings at begin and end alone: exact with a
         counter, a two-point estimate without).
-    prices: Prices for every device, a PriceConfig (per model), or None for the config file's [prices]
-        (`config` names the file; default as every command: $PHASESCOPE_CONFIG, else the XDG path). Beside
-        GPUs the host is priced by its energy only (the $/GPU-hour is the GPUs' rent, paid once).
+    prices: Prices for every device, a PriceConfig (per model), a mapping with the config file's [prices]
+        keys ({"usd_per_gpu_hour": 2.5, "usd_per_kwh": 0.12, "gpu": {"H100": {"usd_per_gpu_hour": 4.0}}}),
+        or None for the config file's [prices] (`config` names the file; default as every command:
+        $PHASESCOPE_CONFIG, else the XDG path). Beside GPUs the host is priced by its energy only (the
+        $/GPU-hour is the GPUs' rent, paid once).
     sync: before each reading at begin/end, wait for queued CUDA work (torch.cuda.synchronize() on the
         current device) when the program has already initialised CUDA through torch; never imports torch.
     say: where one-line notices go (no NVML, a GPU lost); default: this module's logger, as warnings.
@@ -272,7 +275,7 @@ class Monitor:
         *,
         devices: Sequence[int | str] | None = None,
         interval_s: Interval = "auto",
-        prices: Prices | PriceConfig | None = None,
+        prices: Prices | PriceConfig | Mapping[str, Any] | None = None,
         config: str | Path | None = None,
         sync: bool = True,
         say: Callable[[str], None] | None = None,
@@ -282,6 +285,8 @@ class Monitor:
         ):
             raise InputError("Monitor", "interval_s", f"'auto', None or a number >= {MIN_INTERVAL_S} s",
                              interval_s)
+        if prices is not None and not isinstance(prices, Prices | PriceConfig):
+            prices = _price_config(prices)  # checked before any device is opened
         self._say = say or log.warning
         self.sync = sync
         self.notes: list[str] = []  # about the monitor as a whole; every Measurement carries them
@@ -749,6 +754,15 @@ def measure(name: str = "window", *, monitor: Monitor | None = None, sync: bool 
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _price_config(prices: object) -> PriceConfig:
+    """Monitor(prices=) given as the config file's [prices] table (a mapping), checked as the file is."""
+    if not isinstance(prices, Mapping):
+        raise InputError("Monitor", "prices", "a Prices, a PriceConfig, a mapping with the config file's "
+                         "[prices] keys (usd_per_gpu_hour, usd_per_kwh, gpu) or None", prices)
+    # parse() names the key: "Monitor: prices.usd_per_kwh: expected a number >= 0 (USD), got -1".
+    return parse_config({"prices": dict(prices)}, "Monitor").prices
 
 
 class _WithRapl:

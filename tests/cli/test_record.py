@@ -45,7 +45,7 @@ def test_record_a_replayed_real_trace_to_its_end(
     src = shared_data / RUN
     out = tmp_path / "r.parquet"
     # speed 200: the 256 s run plays in ~1.3 s, one sample per 0.1 s (20 recorded seconds).
-    assert main(["record", "-o", str(out), "--source", f"replay:{src}?speed=200", "--quiet"]) == 0
+    assert main(["record", "-o", str(out), "--source", f"replay:{src}?speed=200"]) == 0
     err = capsys.readouterr().err
     assert "recorded" in err and "paper signals never seen: none" in err
     assert not partial_dir_for(out).exists()
@@ -64,6 +64,23 @@ def test_record_a_replayed_real_trace_to_its_end(
         for i in range(len(g)):
             row = tuple(np.nan_to_num(np.array([g[s][i] for s in SIGNAL_NAMES]), nan=-1.0))
             assert row in real_rows or all(v == -1.0 for v in row)
+
+
+def test_quiet_says_only_warnings_and_errors(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--quiet used to leave out only the progress line (never drawn off a terminal anyway): the start and
+    summary lines were still printed. Now a clean run says nothing; an error is still one line."""
+    spec = f"replay:{shared_data / RUN}?speed=200"
+    assert main(["record", "-o", str(tmp_path / "a.parquet"), "--source", spec]) == 0
+    err = capsys.readouterr().err
+    assert "phasescope: recording to" in err and "phasescope: recorded" in err  # without --quiet
+    assert main(["record", "-o", str(tmp_path / "q.parquet"), "--source", spec, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert manifest_path_for(tmp_path / "q.parquet").exists()
+    assert main(["record", "-o", str(tmp_path / "q.parquet"), "--source", spec, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "q.parquet" in err  # it is there already: refused, in one line
 
 
 def test_sigterm_finishes_the_recording_cleanly(tmp_path: Path, shared_data: Path) -> None:

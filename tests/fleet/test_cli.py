@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from http.server import BaseHTTPRequestHandler
+
 import pytest
+from tests.http_helpers import serving
 
 from phasescope.cli import main
 
@@ -23,3 +27,33 @@ def test_errors_are_one_line(args: list[str], expected: str, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert code != 0
     assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+class _Empty(BaseHTTPRequestHandler):
+    """A Prometheus that holds no GPU series."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        empty = {"resultType": "matrix", "result": []}
+        data: object = [] if self.path.startswith("/api/v1/series") else empty
+        body = json.dumps({"status": "success", "data": data}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_nothing_found_names_the_window_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --end the window is not "the last 10m" (what the line used to say): it names the range."""
+    with serving(_Empty) as url:
+        assert main(["fleet", "--prometheus", url, "--since", "10m", "--end", "2026-12-01T12:00:00Z"]) == 0
+        out = " ".join(capsys.readouterr().out.split())  # rich wraps at 80 columns off a terminal
+        assert f"no GPU series found at {url} from 2026-12-01 11:50:00 UTC to 2026-12-01 12:00:00 UTC" in out
+        assert main(["fleet", "--prometheus", url, "--since", "10m"]) == 0
+        assert f"no GPU series found at {url} in the last 10m" in " ".join(capsys.readouterr().out.split())

@@ -26,6 +26,7 @@ _COMMANDS: dict[str, str] = {
     "fleet": "fleet",
     "report": "report",
 }
+DEFAULT_COMMAND = "top"  # what `phasescope` alone runs, with that command's options
 
 
 class _LazyGroup(click.Group):
@@ -47,14 +48,27 @@ class _LazyGroup(click.Group):
         cmd: click.Command = mod.command
         return cmd
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """`phasescope --once` is `phasescope top --once`: without a command, an option the group itself does
+        not have (--help, --version) is `top`'s, as the bare command runs `top` (and hints such as "run with
+        --source host" name its options)."""
+        if args and args[0] != "--" and args[0].startswith("-"):
+            own = {opt for param in self.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)}
+            if args[0].split("=", 1)[0] not in own:
+                args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
 
 @click.group(cls=_LazyGroup, invoke_without_command=True)
 @click.version_option(__version__, prog_name="phasescope")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    """Phase-aware observability for AI accelerators: training, inference, other compute or idle."""
+    """Phase-aware observability for AI accelerators: training, inference, other compute or idle.
+
+    Without a command, runs `top`, and takes its options: `phasescope --once`, `phasescope --source host`.
+    """
     if ctx.invoked_subcommand is None:
-        top = cli.get_command(ctx, "top")
+        top = cli.get_command(ctx, DEFAULT_COMMAND)
         if top is None:
             click.echo(ctx.get_help())
             return

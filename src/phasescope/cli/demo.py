@@ -172,9 +172,11 @@ def command(
             if server is not None:
                 click.echo(f"demo: dashboard at {server.url}", nl=True)
             sys.stdout.flush()
-        _watch(agent.state, source, interval, "plain" if plain else "tui", duration, "order", "", None,
-               sample=lambda stop, seconds: agent.run(stop, seconds, warm=False),
-               web_url=server.url if server is not None else None)
+        # Ctrl-C ends the demo as q does (README): the workloads stopped, its stop line, exit 0.
+        with contextlib.suppress(KeyboardInterrupt):
+            _watch(agent.state, source, interval, "plain" if plain else "tui", duration, "order", "", None,
+                   sample=lambda stop, seconds: agent.run(stop, seconds, warm=False),
+                   web_url=server.url if server is not None else None)
         problems = children.failed()
     finally:
         if server is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
@@ -172,10 +173,11 @@ def command(
 
     console = Console()
     if not result.verdicts:
-        console.print(
-            f"no GPU series found at {url} in the last {since}"
-            + (f" matching {selector}" if selector else "")
-        )
+        # With --end the window is not "the last --since": name the one that was asked.
+        window = (f"in the last {since}" if opts.end is None
+                  else f"from {_utc(result.start)} to {_utc(result.end)}")
+        matching = f" matching {selector}" if selector else ""
+        console.print(f"no GPU series found at {url} {window}{matching}")
         return
     render(result.verdicts, console)
     console.print(
@@ -184,6 +186,10 @@ def command(
         f"{result.wall_s:.2f}s end to end with {result.workers} worker(s): query {result.query_s:.2f}s, "
         f"classify {result.classify_s:.2f}s summed over them; model {result.model_version}[/dim]"
     )
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def _json_default(obj: object) -> object:

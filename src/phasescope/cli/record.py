@@ -18,15 +18,15 @@ from typing import Any
 
 import click
 
+from phasescope.cli._options import interval_option, live_interval
 from phasescope.cli.run import CommandNotFound, _tty_foreground
 from phasescope.errors import InputError, SourceError
 from phasescope.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
-from phasescope.sampler import MIN_INTERVAL_S, Sampler, until_played_out
+from phasescope.sampler import Sampler, until_played_out
 from phasescope.schema import PAPER_SIGNALS
 from phasescope.sources.base import TickBatch
 from phasescope.sources.open import SPEC_HELP, open_source
 
-DEFAULT_INTERVAL_S = 1.0
 PROGRESS_EVERY_S = 0.25
 
 
@@ -54,11 +54,13 @@ def _clock(seconds: float) -> str:
 
 
 class _Progress:
-    """One self-rewriting line on a terminal; silent when stderr is not one (logs, pipes, tests)."""
+    """What the recorder says on stderr: warnings always; unless `verbose` is off (--quiet), the start line
+    and, on a terminal only (not logs, pipes, tests), one self-rewriting progress line."""
 
-    def __init__(self, writer: RecordingWriter, enabled: bool) -> None:
+    def __init__(self, writer: RecordingWriter, verbose: bool) -> None:
         self.writer = writer
-        self.enabled = enabled and sys.stderr.isatty()
+        self.verbose = verbose
+        self.enabled = verbose and sys.stderr.isatty()
         self.started = time.monotonic()
         self._last = 0.0
 
@@ -80,6 +82,11 @@ class _Progress:
         if self.enabled:
             sys.stderr.write("\r\x1b[K")
         click.echo(f"phasescope: {line}", err=True)
+
+    def info(self, line: str) -> None:
+        """A line that only says what is going on: --quiet leaves it out."""
+        if self.verbose:
+            self.say(line)
 
     def done(self) -> None:
         if self.enabled:
@@ -103,12 +110,7 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Parquet file to write [default: phasescope-<host>-<utc time>.parquet here].",
 )
-@click.option(
-    "--interval",
-    type=float,
-    default=None,
-    help=f"Seconds between samples [default: {DEFAULT_INTERVAL_S:g}; a replay: its own rate].",
-)
+@interval_option("Seconds between samples.")
 @click.option(
     "--duration", type=float, default=None, help="Stop after this many seconds [default: until Ctrl-C]."
 )
@@ -128,7 +130,8 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     default=None,
     help="Finalise the FILE.partial/ directory a crashed recorder left, then exit.",
 )
-@click.option("--quiet", is_flag=True, help="No progress line.")
+@click.option("--quiet", is_flag=True,
+              help="Only warnings and errors on stderr: no progress, start or summary line.")
 @click.option(
     "--label-from-hooks",
     "label_from_hooks",
@@ -167,10 +170,9 @@ def command(
     if recover is not None:
         manifest = finalize(recover)
         final = recover.with_name(recover.name[: -len(".partial")])
-        click.echo(f"phasescope: {_summary(manifest, final)}", err=True)
+        if not quiet:
+            click.echo(f"phasescope: {_summary(manifest, final)}", err=True)
         return
-    if interval is not None and not interval >= MIN_INTERVAL_S:
-        raise click.BadParameter(f"expected at least {MIN_INTERVAL_S} s", param_hint="--interval")
     if duration is not None and not duration > 0:
         raise click.BadParameter("expected a positive number of seconds", param_hint="--duration")
     if not segment_s > 0:
@@ -181,15 +183,7 @@ def command(
 
     source = open_source(source_spec)
     try:
-        if interval is None:
-            from phasescope.sources.replay_live import ReplaySource
-
-            # A replay is sampled at its own recorded rate (times the speed), within the sampler's limit.
-            interval = (
-                max(MIN_INTERVAL_S, source.interval_s)
-                if isinstance(source, ReplaySource)
-                else DEFAULT_INTERVAL_S
-            )
+        interval = live_interval(source, interval)  # a replay: its own recorded rate (times the speed)
         store = None
         if store_path is not None:  # before the recording file: a store another process writes is refused
             from phasescope.store import open_for_writing
@@ -258,11 +252,12 @@ def _record_command(cmd: list[str], source: Any, sampler: Any, writer: Recording
         finally:
             code = child.wait()
         if label_from_hooks and recorded:
-            _write_labels(events_dir, path, writer, family)
+            _write_labels(events_dir, path, writer, family, progress_on)
     return 128 - code if code < 0 else code
 
 
-def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family: str) -> None:
+def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family: str,
+                  verbose: bool = True) -> None:
     from phasescope.instrument.labels import label_rows, split_unsampled, write_labels_csv
     from phasescope.recording import read_recording
 
@@ -284,6 +279,8 @@ def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family:
     if not rows:
         return
     write_labels_csv(rows, labels)
+    if not verbose:
+        return
     phases = ", ".join(f"{r['label']} {float(r['t_to']) - float(r['t_from']):.1f} s" for r in rows)
     click.echo(f"phasescope: {len(rows)} label row(s) ({phases}) appended to {labels}", err=True)
 
@@ -292,14 +289,19 @@ def _record(
     source: Any, sampler: Any, writer: RecordingWriter, duration: float | None, progress_on: bool, path: Path,
     stop: threading.Event | None = None, child: Any = None, store: Any = None,
 ) -> None:
+    from phasescope.sources.replay_live import ReplaySource
+
     progress = _Progress(writer, progress_on)
     stop = stop or threading.Event()
     write_failed: list[OSError] = []
+    # A replay's events only narrate it ("replaying …", "replay finished"); a live device's (a GPU lost)
+    # are warnings, said even with --quiet.
+    say_event = progress.info if isinstance(source, ReplaySource) else progress.say
 
     def on_tick(batch: TickBatch) -> None:
         nonlocal store
         for event in batch.events:
-            progress.say(event)
+            say_event(event)
         try:
             writer.write(batch)
         except OSError as exc:  # disk full, a file size limit: stop; what is already written stays
@@ -328,7 +330,7 @@ def _record(
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
-    progress.say(
+    progress.info(
         f"recording to {path} (every {sampler_interval(sampler):g} s; Ctrl-C to stop; "
         f"in progress: {partial_dir_for(path).name}/)"
     )
@@ -364,7 +366,7 @@ def _record(
             f"room to write (the samples written so far are kept: once there is room, finish them with "
             f"'phasescope record --recover {partial}')",
             why)
-    click.echo(f"phasescope: {_summary(manifest, path)}", err=True)
+    progress.info(_summary(manifest, path))
 
 
 def _kept_samples(partial: Path) -> bool:

@@ -20,6 +20,7 @@ import click
 import numpy as np
 from rich.console import Console
 
+from phasescope.cli._options import interval_option, live_interval
 from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.instrument.analysis import summarize
@@ -27,6 +28,7 @@ from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
 from phasescope.instrument.run_report import print_summary, render_html
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.sampler import DEFAULT_INTERVAL_S
 from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.scrape.poller import Poller
 
@@ -48,9 +50,9 @@ class DeviceWatch:
     long the command runs.
     """
 
-    def __init__(self, spec: str, interval: float, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
+    def __init__(self, spec: str, interval: float | None, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
         self.spec = spec
-        self.interval = interval
+        self.interval = interval  # None: `live_interval`'s, once the source is open (a replay: its own rate)
         self.stop = threading.Event()
         self.meter = FleetEnergyMeter(gap_factor=gap_factor)
         self.stats: dict[str, _DeviceStats] = {}  # uuid -> running figures, in the order devices appeared
@@ -88,6 +90,7 @@ class DeviceWatch:
         except Exception as exc:  # an unusable source must not stop the user's program
             self.notes.append(f"device not watched: {exc}")
             return
+        self.interval = live_interval(source, self.interval)
         try:
             Sampler(source, self.interval).run(self._on_tick, duration=None, stop=self.stop)
         except Exception as exc:
@@ -192,8 +195,7 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="HTML report to write (default: phasescope-run-<time>.html here; '-' for none).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
-              help="Device sampling interval, seconds (0.1 = 10 Hz).")
+@interval_option("Device sampling interval, seconds (0.1 = 10 Hz).")
 @click.option("--source", default="auto", show_default=True,
               help="Device to watch: auto, nvml, host, replay:PATH, or none.")
 @click.option("--events", "events_path", type=click.Path(file_okay=False),
@@ -207,7 +209,7 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
               help="Seconds between scrapes of --scrape endpoints.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(report_path: str | None, json_path: str | None, interval: float, source: str,
+def command(report_path: str | None, json_path: str | None, interval: float | None, source: str,
             events_path: str | None, idle_gap: float, scrape_urls: tuple[str, ...], scrape_interval: float,
             quiet: bool, cmd: tuple[str, ...]) -> None:
     """Run CMD with PyTorch hooks injected and the device watched; print and write its phases and KPIs.
@@ -246,7 +248,9 @@ def command(report_path: str | None, json_path: str | None, interval: float, sou
         pollers = [Poller(url, scrape_interval) for url in scrape_urls]
         for poller in pollers:
             poller.start()
-        code, start, end = run_command(list(cmd), events_dir, flush_s=max(0.5, interval * 2))
+        # The hooks flush on the command's own (wall) clock: a replay's rate has no bearing on it.
+        flush_s = max(0.5, (interval or DEFAULT_INTERVAL_S) * 2)
+        code, start, end = run_command(list(cmd), events_dir, flush_s=flush_s)
         telemetry = watch.finish()
         servers = [kpi for poller in pollers for kpi in poller.finish()]
         notes = list(watch.notes) + [n for poller in pollers for n in poller.notes]

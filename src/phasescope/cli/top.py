@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from phasescope.cli._options import interval_option, live_interval
 from phasescope.cli.cost import _config, _price_options
 from phasescope.errors import SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
@@ -183,6 +184,8 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
             elif state.ticks and state.version != drawn:
                 drawn = state.version
                 console.print(render_table(state, sort, filter_text, web_url, fit))
+    except KeyboardInterrupt:  # Ctrl-C ends a plain view as q ends the full screen: a normal end
+        pass
     finally:
         stop.set()
         worker.join(timeout=10)
@@ -249,8 +252,7 @@ def make_annotator(
 @click.command("top")
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
-              help="Seconds between samples (0.1 = 10 Hz).")
+@interval_option("Seconds between samples (0.1 = 10 Hz).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds (default: until q / Ctrl-C).")
 @click.option("--once", is_flag=True, help="Print one table (after two samples) and exit.")
@@ -281,7 +283,7 @@ def make_annotator(
 @_price_options
 def command(
     source_spec: str,
-    interval: float,
+    interval: float | None,
     duration: float | None,
     once: bool,
     plain: bool,
@@ -324,8 +326,8 @@ def command(
     if mode != "tui":
         for line in notices:
             click.echo(f"phasescope: {line}", err=True)
-    run_live(source, interval, duration=duration, mode=mode, sort=sort, filter_text=filter_text,
-             notices=notices, classify=classify, alarm=alarm, events_dir=events_dir,
+    run_live(source, live_interval(source, interval), duration=duration, mode=mode, sort=sort,
+             filter_text=filter_text, notices=notices, classify=classify, alarm=alarm, events_dir=events_dir,
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
              idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,
              store_write=store_write, min_confidence=cfg.thresholds.min_confidence,
