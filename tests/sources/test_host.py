@@ -80,14 +80,14 @@ def test_finds_the_torch_process_and_survives_it_vanishing(torch_child, plain_ch
     assert p.threads >= 1 and math.isfinite(p.cpu_util) and p.cpu_util >= 0
     assert math.isfinite(p.read_bytes) and math.isfinite(p.write_bytes)
 
-    # A watched process that vanishes between ticks is skipped and counted, never raised.
+    # A watched process that vanishes between ticks is skipped, never raised, and not a failed read.
     short = _spawn(_WAIT)
     src.watch([short.pid])
     assert short.pid in {p.pid for p in src.read().processes}
     _stop(short)
     batch = src.read()
     assert short.pid not in {p.pid for p in batch.processes}
-    assert src.error_counts().get("psutil.NoSuchProcess", 0) >= 1
+    assert "psutil.NoSuchProcess" not in src.error_counts()
     assert torch_child.pid in {p.pid for p in batch.processes}
 
 
@@ -103,7 +103,7 @@ def test_first_cpu_sample_is_nan_not_zero(plain_child, monkeypatch, linux_fast_p
     assert first.rss == pytest.approx(psutil.Process(plain_child.pid).memory_info().rss, abs=2**20)
     _stop(plain_child)
     assert src.read().processes == []
-    assert src.error_counts() == {"psutil.NoSuchProcess": 1}
+    assert src.error_counts() == {}  # an exited process is churn, not a failed read
 
 
 def test_combined_source_enriches_gpu_processes(fake_nvml, shared_data, torch_child, plain_child):

@@ -290,7 +290,7 @@ class HostSource:
                 else:
                     self._not_torch[pid] = mono
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                self._count("psutil.NoSuchProcess")
+                pass  # it exited since it was listed: process churn, not a failed read
             except psutil.AccessDenied:
                 self._not_python.add(pid)  # another user's process: we cannot look, so do not keep trying
                 self._count("psutil.AccessDenied")
@@ -314,8 +314,9 @@ class HostSource:
             return self._sample_linux(pid, now, device_uuid) if _LINUX else self._sample_psutil(
                 pid, now, device_uuid)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError, ProcessLookupError):
+            # It exited since it was listed: normal churn, not a failed read (the status line's "failed
+            # reads" and /metrics' source errors would otherwise grow on every busy host).
             self._watched.pop(pid, None)
-            self._count("psutil.NoSuchProcess")
         except (psutil.AccessDenied, PermissionError):
             self._watched.pop(pid, None)
             self._count("psutil.AccessDenied")
