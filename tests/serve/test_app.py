@@ -466,3 +466,21 @@ def test_a_phase_inside_a_power_dropout_has_an_unknown_energy_cost_not_zero(shar
         assert phases[p]["joules"] is None
         assert phases[p]["cost"]["energy_usd"] is None and phases[p]["cost"]["total_usd"] is None
         assert snap["totals"][p]["usd"] is None
+
+
+def test_process_count_is_every_process_not_the_tables_rows(shared_data: Path) -> None:
+    """The table shows 8 process rows and "+N more"; /api/state's count is every process the tick saw
+    (12 processes used to read 9: 8 rows plus the summary row)."""
+    from dataclasses import replace
+
+    from phasescope.schema import ProcessSample
+
+    traces = read(shared_data / MIGRATION_RUN)
+    a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    uuid = traces[0].device.uuid
+    batches = list(ticks(traces, stop=3))
+    procs = [ProcessSample(time=batches[-1].time, pid=1000 + i, device_uuid=uuid, name=f"w{i}")
+             for i in range(12)]
+    feed(a, [*batches[:-1], replace(batches[-1], processes=procs)])
+    counts = {d["uuid"]: d["processes"] for d in TestClient(build_app(a)).get("/api/state").json()["devices"]}
+    assert counts[uuid] == 12 and counts[traces[1].device.uuid] == 0

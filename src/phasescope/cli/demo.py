@@ -109,7 +109,7 @@ def command(
     Everything stops when the demo ends.
 
     Cost: from the config file's [prices]; when it sets none, device time is priced at an example
-    $2.50/device-hour, labelled "demo prices" wherever it shows. A host has no power sensor, so its
+    $2.50/device-hour, labelled "demo prices" wherever it shows. The live host source reads no power, so its
     energy shows as "– kWh" and its cost is device time only, split by the phase its workloads' hooks report.
 
     \b

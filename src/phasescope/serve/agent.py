@@ -254,7 +254,8 @@ class Agent:
         energy = self.energy_by_device()
         methods = self.energy_methods()
         rows = self.state.rows()
-        procs = Counter(r.device_uuid for r in rows if r.kind == "process")
+        # Every process the newest tick saw, not the table's rows (capped, with a "+N more" row).
+        procs = Counter({uuid: len(ps) for uuid, ps in self.state.processes().items()})
         idle_held = self.state.idle_held()
         kpis = dict(self.hooks.device) if self.hooks is not None else {}
         proc_kpis = self._process_kpis(rows)
