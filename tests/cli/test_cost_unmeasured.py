@@ -35,3 +35,28 @@ def test_text_shows_a_dash_not_zero_joules(shared_data: Path) -> None:
     out = _run(str(shared_data / NO_POWER), "--price-gpu-hour", "2")
     assert "– J (– kWh)  method none" in out
     assert " 0 J" not in out and "0.0000 kWh" not in out
+
+
+def _dropout_csv(path: Path) -> Path:
+    """A metered GPU (power column) whose two readings are a minute apart: too far to bridge, so no second
+    of its span has energy data (method integrated_power, coverage 0)."""
+    rows = ["timestamp, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W]"]
+    for i in range(60):
+        power = "300.00 W" if i in (0, 59) else "[N/A]"
+        rows.append(f"2024/01/16 14:44:{i:02d}.000, 90 %, 1000 MiB, 80000 MiB, {power}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_a_metered_gpu_without_a_covered_second_has_an_unknown_energy_cost(tmp_path: Path) -> None:
+    """Its joules were null but its energy cost was $0.00 (device_cost asked only whether the file had a
+    power column), while its one phase's cost was null: the whole and its parts disagreed."""
+    path = _dropout_csv(tmp_path / "dropout.csv")
+    out = _run(str(path), "--no-phases", "--json", "--price-kwh", "0.12")
+    [row] = [json.loads(x) for x in out.splitlines()]
+    assert row["method"] == "integrated_power" and row["covered_s"] == 0
+    assert row["joules"] is None
+    assert row["cost"]["energy_usd"] is None  # was 0.0
+    assert row["phase_costs"]["unsegmented"]["energy_usd"] is None
+    text = _run(str(path), "--no-phases", "--price-kwh", "0.12", "--price-gpu-hour", "2")
+    assert "– J (– kWh)" in text and "energy $0.00" not in text

@@ -271,3 +271,17 @@ def test_health_off_makes_no_event_set_and_no_health_call(fake_nvml, sg_traces):
     assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 0
     assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 0
     src.close()
+
+
+def test_the_measure_monitor_asks_for_no_health(fake_nvml, sg_traces):
+    """The source test above holds for `phasescope.measure` only if its Monitor passes health=False: without
+    it every Monitor("nvml") registered an XID event set per GPU inside the user's program."""
+    from phasescope.monitor import Monitor
+
+    fake = fake_nvml(sg_traces, mem_total_bytes=24576 * MIB)
+    with Monitor("nvml", interval_s=None) as mon:
+        mon.begin_window("w")
+        fake.advance(2)
+        mon.end_window("w")
+    assert fake.event_sets == []
+    assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 0

@@ -52,6 +52,8 @@ class _LazyGroup(click.Group):
         """`phasescope --once` is `phasescope top --once`: without a command, an option the group itself does
         not have (--help, --version) is `top`'s, as the bare command runs `top` (and hints such as "run with
         --source host" name its options)."""
+        if args[:1] == ["-h"]:  # not top's unknown option (as forwarding it would say): the help asked for
+            args = ["--help", *args[1:]]
         if args and args[0] != "--" and args[0].startswith("-"):
             own = {opt for param in self.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)}
             if args[0].split("=", 1)[0] not in own:

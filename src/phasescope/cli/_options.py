@@ -5,12 +5,24 @@ Each takes the command's own help text: the meaning is the same, the wording fit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan and inf: click lets nan past every bound (nan < 0.1 is false)
+    and inf past a missing maximum, and either then fails deep inside (a sampler's wait, a ring's size)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"expected a finite number, got {value!r}", param, ctx)
+        return rv
 
 
 def model_option(help: str) -> Callable[[F], F]:
@@ -27,38 +39,52 @@ def key_option(help: str) -> Callable[[F], F]:
 
 def duration_option(help: str) -> Callable[[F], F]:
     """`--duration SECONDS` (> 0; None: no limit)."""
-    return click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, help=help)
+    return click.option("--duration", type=FiniteFloatRange(min=0, min_open=True), default=None, help=help)
+
+
+MAX_INTERVAL_S = 86400.0  # a day: beyond, the sampler's wait overflows the platform's time_t (1e10 s)
 
 
 def interval_option(help: str) -> Callable[[F], F]:
-    """`--interval SECONDS` between live samples (>= sampler.MIN_INTERVAL_S = 0.1; None: `live_interval`)."""
+    """`--interval SECONDS` between live samples (sampler.MIN_INTERVAL_S = 0.1 to a day; None:
+    `live_interval`)."""
     return click.option(
         "--interval",
-        type=click.FloatRange(min=0.1),
+        type=FiniteFloatRange(min=0.1, max=MAX_INTERVAL_S),
         default=None,
         help=f"{help}  [default: 1; a replay: its own recorded rate x speed]",
     )
 
 
-def live_interval(source: Any, interval: float | None) -> float:
+def live_interval(source: Any, interval: float | None, say: Callable[[str], None] | None = None) -> float:
     """The sampling interval for `source`: `interval` when given; else a replay's own recorded interval
     divided by its speed (1 s would keep one sample in ten of a 1 Hz file replayed at speed=10), within the
-    sampler's 0.1 s limit; else 1 s."""
+    sampler's 0.1 s limit; else 1 s. A replay that plays faster than that limit loses samples: `say` (default:
+    a line on stderr) tells how many are kept."""
     from phasescope.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
     from phasescope.sources.replay_live import ReplaySource
 
     if interval is not None:
         return interval
     if isinstance(source, ReplaySource):
+        ratio = MIN_INTERVAL_S / source.interval_s
+        if ratio > 1.05:  # not a 10 Hz file at 1x, whose median spacing is a hair under 0.1 s
+            (say or _say)(f"the replay plays a sample every {source.interval_s:.3g} s at {source.speed:g}x; "
+                          f"sampled every {MIN_INTERVAL_S:g} s (the sampler's limit), about "
+                          f"{100 / ratio:.0f}% of its samples are kept: a lower speed keeps them all")
         return max(MIN_INTERVAL_S, source.interval_s)
     return DEFAULT_INTERVAL_S
+
+
+def _say(line: str) -> None:
+    click.echo(f"phasescope: {line}", err=True)
 
 
 def price_options(gpu_hour_help: str, kwh_help: str, config_help: str) -> Callable[[F], F]:
     """`--price-gpu-hour`, `--price-kwh` (USD, >= 0; None: from the config) and `--config PATH`."""
     options = [
-        click.option("--price-gpu-hour", type=click.FloatRange(min=0), default=None, help=gpu_hour_help),
-        click.option("--price-kwh", type=click.FloatRange(min=0), default=None, help=kwh_help),
+        click.option("--price-gpu-hour", type=FiniteFloatRange(min=0), default=None, help=gpu_hour_help),
+        click.option("--price-kwh", type=FiniteFloatRange(min=0), default=None, help=kwh_help),
         click.option(
             "--config", "config_path", type=click.Path(dir_okay=False), default=None, help=config_help
         ),

@@ -22,6 +22,7 @@ import click
 import numpy as np
 
 from phasescope.classify import decide
+from phasescope.cli._options import FiniteFloatRange
 from phasescope.config import ThresholdConfig
 from phasescope.errors import PhasescopeError
 from phasescope.schema import Trace
@@ -245,14 +246,14 @@ def _short_path(path: str, limit: int = 48) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device trace per line.")
 @click.option("--model", "model_path", default=None, type=click.Path(dir_okay=False, path_type=str),
               help="Model file (default: the model shipped with phasescope).")
-@click.option("--window", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--window", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Window length in seconds (default: the model's).")
-@click.option("--stride", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--stride", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Stride between windows in seconds (default: the model's).")
-@click.option("--min-confidence", type=click.FloatRange(0, 1), default=None,
+@click.option("--min-confidence", type=FiniteFloatRange(0, 1), default=None,
               help="Windows whose best probability is below this read unknown (default: the config file's "
                    "[thresholds] min_confidence; unset, the model's own 0.5).")
-@click.option("--min-segment", "min_segment_s", type=click.FloatRange(min=0), default=None,
+@click.option("--min-segment", "min_segment_s", type=FiniteFloatRange(min=0), default=None,
               help="Shortest segment in seconds; shorter ones join a touching neighbour (default: the config "
                    "file's [thresholds] min_segment_s; unset, none is merged).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,

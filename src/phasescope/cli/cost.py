@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from phasescope import config as configmod
-from phasescope.cli._options import price_options
+from phasescope.cli._options import FiniteFloatRange, price_options
 from phasescope.display import MISSING, fmt_usd
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.kpi.cost import (
@@ -129,7 +129,7 @@ def command() -> None:
 
 
 @command.command(name="crossover")
-@click.option("--train-cost", type=click.FloatRange(min=0), default=None, help="Training spend in USD.")
+@click.option("--train-cost", type=FiniteFloatRange(min=0), default=None, help="Training spend in USD.")
 @click.option(
     "--train-recording",
     multiple=True,
@@ -137,12 +137,12 @@ def command() -> None:
     help="Measure the training spend from this recording or log instead (whole file, all devices).",
 )
 @click.option(
-    "--queries-per-day", type=click.FloatRange(min=0), required=True, help="Inference queries per day."
+    "--queries-per-day", type=FiniteFloatRange(min=0), required=True, help="Inference queries per day."
 )
 @click.option(
     "--cost-per-query",
     "cost_per_query_usd",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=None,
     help="USD per inference query.",
 )
@@ -154,7 +154,7 @@ def command() -> None:
 )
 @click.option(
     "--requests",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Requests served during --inference-recording.",
 )

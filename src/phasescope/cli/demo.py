@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from phasescope.cli._options import FiniteFloatRange
 from phasescope.cli.top import _watch, open_watched
 from phasescope.demo.children import DemoChildren
 from phasescope.errors import SourceError
@@ -77,15 +78,15 @@ def _dashboard(agent: Agent, prices: PriceConfig, price_note: str, sock: socket.
 
 
 @click.command("demo")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds (default: until q / Ctrl-C).")
 @click.option("--plain", is_flag=True,
               help="No full screen: print a table each sample (the default when stdout is not a terminal).")
-@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
+@click.option("--interval", type=FiniteFloatRange(0.1, 60), default=1.0, show_default=True,
               help="Seconds between samples.")
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="What to watch: auto (GPUs through NVML if present, else the host), nvml, host.")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+@click.option("--rate", type=FiniteFloatRange(min=0, min_open=True), default=20.0, show_default=True,
               help="Mean inference requests per second (Poisson arrivals).")
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
               help="Training batch size.")

@@ -9,7 +9,7 @@ import time
 import click
 
 from phasescope import config as configmod
-from phasescope.cli._options import price_options
+from phasescope.cli._options import FiniteFloatRange, price_options
 from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES
 from phasescope.fleet.scan import ScanOptions, scan
 from phasescope.fleet.shard import parse_shard
@@ -53,7 +53,7 @@ def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option(
     "--held-mem-gib",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=DEFAULT_HELD_MEM_BYTES / 1024**3,
     show_default=True,
     help="An idle GPU holding this much memory (or a pod) counts as held-idle.",
@@ -82,7 +82,7 @@ def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) 
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=1),
+    type=FiniteFloatRange(min=1),
     default=120.0,
     show_default=True,
     help="Seconds to wait for one query.",

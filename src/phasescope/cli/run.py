@@ -20,7 +20,7 @@ import click
 import numpy as np
 from rich.console import Console
 
-from phasescope.cli._options import interval_option, live_interval
+from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
 from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.instrument.analysis import summarize
@@ -90,7 +90,7 @@ class DeviceWatch:
         except Exception as exc:  # an unusable source must not stop the user's program
             self.notes.append(f"device not watched: {exc}")
             return
-        self.interval = live_interval(source, self.interval)
+        self.interval = live_interval(source, self.interval, say=self.notes.append)
         try:
             Sampler(source, self.interval).run(self._on_tick, duration=None, stop=self.stop)
         except Exception as exc:
@@ -200,12 +200,12 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
               help="Device to watch: auto, nvml, host, replay:PATH, or none.")
 @click.option("--events", "events_path", type=click.Path(file_okay=False),
               help="Keep the raw hook events in this directory (default: a temporary one).")
-@click.option("--idle-gap", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+@click.option("--idle-gap", type=FiniteFloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="A pause longer than this (seconds) between forwards is an idle segment.")
 @click.option("--scrape", "scrape_urls", multiple=True, metavar="URL",
               help="Also scrape this vLLM / TGI / Triton /metrics endpoint while the command runs and report "
                    "its inference KPIs over that time (repeatable).")
-@click.option("--scrape-interval", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
+@click.option("--scrape-interval", type=FiniteFloatRange(0.1, 3600), default=5.0, show_default=True,
               help="Seconds between scrapes of --scrape endpoints.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from phasescope.cli._options import FiniteFloatRange
 from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError
 from phasescope.instrument.run_report import print_servers
@@ -18,11 +19,11 @@ from phasescope.sources.scrape import fetch, read_file, server_kpis
 
 @click.command()
 @click.argument("target")
-@click.option("--window", type=click.FloatRange(0, 86_400), default=10.0, show_default=True,
+@click.option("--window", type=FiniteFloatRange(0, 86_400), default=10.0, show_default=True,
               help="URL: seconds between the two scrapes that rates and percentiles cover; 0 = one scrape, "
                    "totals and percentiles since the server started.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the KPIs as JSON here.")
-@click.option("--timeout", type=click.FloatRange(0, 3600, min_open=True), default=5.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(0, 3600, min_open=True), default=5.0, show_default=True,
               help="HTTP timeout, seconds.")
 def command(target: str, window: float, json_path: str | None, timeout: float) -> None:
     """Derive requests/s, latency p50/p95/p99, TTFT, inter-token latency and tokens/s from a serving

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
 from phasescope.errors import SourceError
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -52,11 +53,10 @@ def pricing_note(
               help="Whether /metrics needs the token too (Prometheus: authorization.credentials).")
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), default=None,
-              help="Seconds between samples (default 1; a replay's own recorded rate x speed).")
+@interval_option("Seconds between samples.")
 @click.option("--config", "config_path", default=None, help="TOML config file (prices, thresholds, port).")
-@click.option("--usd-per-gpu-hour", type=click.FloatRange(min=0), default=None, help="Price of a held GPU.")
-@click.option("--usd-per-kwh", type=click.FloatRange(min=0), default=None, help="Price of energy.")
+@click.option("--usd-per-gpu-hour", type=FiniteFloatRange(min=0), default=None, help="Price of a held GPU.")
+@click.option("--usd-per-kwh", type=FiniteFloatRange(min=0), default=None, help="Price of energy.")
 @click.option("--model", "model_path", default=None, help="Phase model file (default: the shipped model).")
 @click.option("--events-dir", default=None,
               help="Hook events dir of an instrumented run (phasescope run): step time, MFU, RPS, latency.")
@@ -122,8 +122,7 @@ def command(
     store = _open_store(store_path)  # before the source: a store another process writes is refused
     source = open_watched(source_spec, lambda line: click.echo(f"phasescope: {line}", err=True),
                           host_row=False)
-    if interval is None:
-        interval = max(float(getattr(source, "interval_s", 1.0)), 0.1)
+    interval = live_interval(source, interval)
     if not token and not is_loopback(cfg.serve.host):
         click.echo(f"phasescope: warning: serving on {cfg.serve.host} without --token: anyone who can reach "
                    "it sees the dashboard", err=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from phasescope.cli._options import interval_option, live_interval
+from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
 from phasescope.cli.cost import _config, _price_options
 from phasescope.errors import SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
@@ -20,6 +20,7 @@ from phasescope.kpi.cost import Prices
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
 from phasescope.live_history import DEFAULT_HISTORY_S, backfill_phases, open_history
 from phasescope.live_state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
+from phasescope.sampler import DEFAULT_INTERVAL_S
 from phasescope.schema import DeviceInfo
 from phasescope.sources.base import LiveSource, TickBatch
 from phasescope.timespec import parse_duration
@@ -185,7 +186,8 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
                 drawn = state.version
                 console.print(render_table(state, sort, filter_text, web_url, fit))
     except KeyboardInterrupt:  # Ctrl-C ends a plain view as q ends the full screen: a normal end
-        pass
+        if mode == "once":  # but --once was cut short of its table: no half-read snapshot, exit 130
+            raise
     finally:
         stop.set()
         worker.join(timeout=10)
@@ -253,7 +255,7 @@ def make_annotator(
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
 @interval_option("Seconds between samples (0.1 = 10 Hz).")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds (default: until q / Ctrl-C).")
 @click.option("--once", is_flag=True, help="Print one table (after two samples) and exit.")
 @click.option("--plain", is_flag=True,
@@ -323,10 +325,15 @@ def command(
     notices: list[str] = []
     source = open_watched(source_spec, notices.append, host_row=False)
     mode = "once" if once else "plain" if plain or not sys.stdout.isatty() else "tui"
+    interval_s = live_interval(source, interval, say=notices.append)
+    if once and interval is None:
+        # One table after two samples: a replay's own rate (a minute for Alibaba's file) would make it
+        # wait that long for a second sample; 1 s at most, as before, shows the same table.
+        interval_s = min(interval_s, DEFAULT_INTERVAL_S)
     if mode != "tui":
         for line in notices:
             click.echo(f"phasescope: {line}", err=True)
-    run_live(source, live_interval(source, interval), duration=duration, mode=mode, sort=sort,
+    run_live(source, interval_s, duration=duration, mode=mode, sort=sort,
              filter_text=filter_text, notices=notices, classify=classify, alarm=alarm, events_dir=events_dir,
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
              idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from phasescope.cli._options import (
+    FiniteFloatRange,
     duration_option,
     interval_option,
     key_option,
@@ -135,7 +136,7 @@ def print_table(verdicts: Sequence[dict[str, Any]], total: dict[str, Any] | None
 @click.option(
     "--window",
     "window_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Verdict window length in seconds (default: one verdict per device over the whole span).",
 )

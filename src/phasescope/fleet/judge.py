@@ -126,7 +126,7 @@ def judge(
         cost = (
             cost_of(0.0, 0.0, prices)
             if held is None
-            else cost_of(held.seconds, held.joules, prices, measured=held.covered_s > 0)
+            else cost_of(held.seconds, held.joules, prices, measured=held.measured)
         )
     return DeviceVerdict(
         uuid=trace.device.uuid,

@@ -210,7 +210,7 @@ def mig_prices(
 
 def cost_of(device_seconds: float, joules: float, prices: Prices, measured: bool = True) -> Cost:
     """Cost of `device_seconds` of held device time that drew `joules`. `measured=False`: the device has no
-    power or energy reading (energy method "none"), so its energy cost is unknown (None), not $0."""
+    power or energy reading (`_EnergyFigures.measured`), so its energy cost is unknown (None), not $0."""
     time_usd = (
         None
         if prices.usd_per_gpu_hour is None
@@ -224,7 +224,8 @@ def cost_of(device_seconds: float, joules: float, prices: Prices, measured: bool
 
 def device_cost(result: DeviceEnergy, prices: Prices) -> Cost:
     """Whole-trace cost of one device: its span as held time, its measured energy (unknown without any)."""
-    return cost_of(result.span_s, result.joules, prices, measured=result.method != "none")
+    # As its JSON `joules`: no covered second, no known energy cost, whatever the method.
+    return cost_of(result.span_s, result.joules, prices, measured=result.measured)
 
 
 def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, Prices]) -> dict[str, Cost]:
@@ -237,8 +238,7 @@ def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, P
         p = prices if isinstance(prices, Prices) else prices[r.device]
         for label, pe in r.phases_or_whole().items():
             # A phase without any power or energy reading has an unknown energy cost, also on a metered GPU.
-            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p,
-                                                        r.method != "none" and pe.covered_s > 0)
+            out[label] = out.get(label, ZERO) + cost_of(pe.seconds, pe.joules, p, pe.measured)
     return out
 
 

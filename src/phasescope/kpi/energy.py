@@ -88,13 +88,19 @@ class _EnergyFigures:
         return self.joules / self.covered_s if self.covered_s > 0 else float("nan")
 
     @property
+    def measured(self) -> bool:
+        """Whether any second had a power or energy reading: without one the energy (and its cost) is
+        unknown, not 0 J, also on a metered GPU whose readings all fell in a dropout."""
+        return self.covered_s > 0
+
+    @property
     def measured_joules(self) -> float | None:
-        """`joules`, or None where no second had a power or energy reading (unknown energy is not 0 J)."""
-        return self.joules if self.covered_s > 0 else None
+        """`joules`, or None where it is not `measured`."""
+        return self.joules if self.measured else None
 
     @property
     def measured_kwh(self) -> float | None:
-        return self.kwh if self.covered_s > 0 else None
+        return self.kwh if self.measured else None
 
 
 @dataclass(frozen=True)
