@@ -262,7 +262,8 @@ def make_annotator(
               help="No full screen: print a table each sample (the default when stdout is not a terminal).")
 @click.option("--sort", type=click.Choice(SORT_KEYS), default="order", show_default=True)
 @click.option("--filter", "filter_text", default="",
-              help="Show only rows whose device, process, phase or 'idle-held' matches.")
+              help="Show only rows whose device, process (name, PID, user or command line), phase or "
+                   "'idle-held' matches.")
 @click.option("--classify/--no-classify", default=True, show_default=True,
               help="Classify each device's phase live with the shipped model.")
 @click.option("--alarm/--no-alarm", default=True, show_default=True,
