@@ -12,7 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from phasescope.classify.model import PhaseModel
 from phasescope.sources.base import TickBatch
 
 PROMTOOL = "/usr/bin/promtool"
@@ -72,3 +74,17 @@ def serve_process(args: list[str], tmp_path: Path, timeout: float = 60.0) -> Ite
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def model() -> PhaseModel:
+    return PhaseModel.load()
+
+
+def samples(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """name -> (labels, value) of every sample of a /metrics page."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text.decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out

@@ -13,7 +13,6 @@ import psutil
 import pytest
 import yaml
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from phasescope.classify.model import PhaseModel
 from phasescope.live_classify import LiveClassifier
@@ -28,7 +27,7 @@ from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.live_helpers import ticks
-from tests.serve.conftest import MIGRATION_RUN, PROMTOOL, feed, promtool_check, system_tool
+from tests.serve.conftest import MIGRATION_RUN, PROMTOOL, feed, promtool_check, samples, system_tool
 from tests.sources.fake_procfs import build_tree, resolver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +38,6 @@ FLEET_DOC_JOIN = (
 )
 
 
-@pytest.fixture(scope="module")
-def model() -> PhaseModel:
-    return PhaseModel.load()
-
-
-def _samples(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
 
 
 def test_replayed_run_scrapes_clean_and_current(shared_data: Path, model: PhaseModel) -> None:
@@ -59,7 +47,7 @@ def test_replayed_run_scrapes_clean_and_current(shared_data: Path, model: PhaseM
     feed(agent, ticks(traces, stop=120))
     text = generate_latest(registry)
     assert promtool_check(text) == ""
-    s = _samples(text)
+    s = samples(text)
     last = next(ticks(traces, start=119, stop=120))
     for labels, value in s["phasescope_gpu_power_watts"]:
         row = [d.uuid for d in last.devices].index(labels["uuid"])
@@ -88,13 +76,13 @@ def test_training_alarm_gauge_follows_the_onset_alarm(shared_data: Path, model: 
     batches = list(ticks(traces, stop=120))
     assert batches[15].time < training_from < batches[-1].time
     feed(agent, iter(batches[:16]))  # before the start: the alarm is exported and off, with no start time
-    before = _samples(generate_latest(registry))
+    before = samples(generate_latest(registry))
     assert sorted(v for _, v in before["phasescope_gpu_training_alarm"]) == [0.0, 0.0]
     assert "phasescope_gpu_training_alarm_start_time_seconds" not in before
     feed(agent, iter(batches[16:]))
     text = generate_latest(registry)
     assert promtool_check(text) == ""
-    after = _samples(text)
+    after = samples(text)
     assert {lab["gpu"]: v for lab, v in after["phasescope_gpu_training_alarm"]} == {"3": 1.0, "4": 1.0}
     starts = after["phasescope_gpu_training_alarm_start_time_seconds"]
     assert len(starts) == 2 and all(training_from <= v <= training_from + 60.0 for _, v in starts)
@@ -102,7 +90,7 @@ def test_training_alarm_gauge_follows_the_onset_alarm(shared_data: Path, model: 
     # Alarm turned off: no alarm series at all (absent, not a made-up 0).
     quiet = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model, alarm=False))
     feed(quiet, iter(batches[:20]))
-    names = _samples(generate_latest(registry_for(quiet)))
+    names = samples(generate_latest(registry_for(quiet)))
     assert not [n for n in names if "training_alarm" in n] and "phasescope_gpu_phase" in names
 
 
@@ -112,16 +100,16 @@ def test_values_are_fresh_per_scrape_and_gone_devices_vanish(shared_data: Path, 
     registry = registry_for(agent)
     batches = list(ticks(traces, stop=20))
     feed(agent, iter(batches[:10]))
-    first = _samples(generate_latest(registry))["phasescope_gpu_temperature_celsius"]
+    first = samples(generate_latest(registry))["phasescope_gpu_temperature_celsius"]
     feed(agent, iter(batches[10:]))
-    second = _samples(generate_latest(registry))["phasescope_gpu_temperature_celsius"]
+    second = samples(generate_latest(registry))["phasescope_gpu_temperature_celsius"]
     col = SIGNAL_COLUMN["temperature"]
     assert [v for _, v in second] == [batches[-1].values[i, col] for i in range(2)]
     assert first != second or batches[9].values[:, col].tolist() == batches[-1].values[:, col].tolist()
     # Device 0 drops out: its signal samples go (no stale value, no invented 0); device 1 stays.
     b = batches[-1]
     agent.on_tick(TickBatch(b.time + 1, [b.devices[1]], b.values[1:2]))
-    after = _samples(generate_latest(registry))
+    after = samples(generate_latest(registry))
     assert [lab["uuid"] for lab, _ in after["phasescope_gpu_temperature_celsius"]] == [b.devices[1].uuid]
     assert promtool_check(generate_latest(registry)) == ""
 
@@ -141,7 +129,7 @@ def test_nvml_path_exposes_counter_limits_and_model(
         fake.advance()
     text = generate_latest(registry)
     assert promtool_check(text) == ""
-    s = _samples(text)
+    s = samples(text)
     energy = s["phasescope_gpu_energy_joules_total"]
     assert len(energy) == 2 and all(v > 0 for _, v in energy)
     assert {v for _, v in s["phasescope_gpu_power_limit_watts"]} == {350.0}
@@ -174,7 +162,7 @@ def test_pods_of_gpu_processes_come_as_info_metrics(
     feed(agent, _with_processes(batches[:20], {a: [101, 404], b: [202, 101, 999, 505]}))
     text = generate_latest(registry)
     assert promtool_check(text) == ""
-    s = _samples(text)
+    s = samples(text)
     pods = {lab["uuid"]: lab for lab, v in s["phasescope_gpu_pod_info"] if v == 1.0}
     assert set(pods) == {a}  # GPU b's two pods disagree on every label: no joinable series for it
     assert {k: pods[a][k] for k in ("pod", "namespace", "container", "host")} == {
@@ -190,7 +178,7 @@ def test_pods_of_gpu_processes_come_as_info_metrics(
         assert all("pod" not in lab for lab, _ in s[name]), name
     # The pod leaves GPU a: its info series goes with it (no stale label).
     feed(agent, _with_processes(batches[20:], {b: [202, 303]}))
-    s = _samples(generate_latest(registry))
+    s = samples(generate_latest(registry))
     assert [(lab["uuid"], lab["pod"]) for lab, _ in s["phasescope_gpu_pod_info"]] == [(b, "vllm-7d9f")]
 
 
@@ -203,7 +191,7 @@ def test_pod_join_in_promql_on_a_real_scrape(shared_data: Path, model: PhaseMode
     batches = list(ticks(traces, stop=60))
     a, b = (d.uuid for d in batches[0].devices)
     feed(agent, _with_processes(batches, {a: [101], b: [202, 303]}))
-    s = _samples(generate_latest(registry))
+    s = samples(generate_latest(registry))
     series = [
         {
             "series": name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(lab.items())) + "}",
@@ -260,7 +248,7 @@ def test_host_source_is_exported_as_host_not_gpu(model: PhaseModel) -> None:
         agent.on_tick(source.read())
     text = generate_latest(registry)
     assert promtool_check(text) == ""
-    s = _samples(text)
+    s = samples(text)
     gpu_series = [n for n in s if n.startswith("phasescope_gpu_")]
     assert gpu_series == []  # a fleet counting phasescope_gpu_* series counts no CPU
     (cpu,) = s["phasescope_host_cpu_util_ratio"]
@@ -282,7 +270,7 @@ def test_missing_host_reading_is_an_absent_sample_not_nan(model: PhaseModel) -> 
     agent = Agent(ReplaySource([trace]), 1.0, classifier=LiveClassifier(model))
     registry = registry_for(agent, host="n1")
     feed(agent, ticks([trace]))
-    s = _samples(generate_latest(registry))
+    s = samples(generate_latest(registry))
     assert s["phasescope_host_memory_total_bytes"][0][1] == 64.0 * MIB
     assert "phasescope_host_cpu_util_ratio" not in s
 
@@ -332,7 +320,7 @@ def test_a_gpu_without_power_has_phase_time_but_no_made_up_zero_energy(
     registry = registry_for(agent, host="n1")
     feed(agent, ticks([powered, blind], stop=30))
     text = generate_latest(registry)
-    s = _samples(text)
+    s = samples(text)
     by_uuid = {lab["uuid"] for lab, _ in s["phasescope_gpu_phase_seconds_total"]}
     assert by_uuid == {powered.device.uuid, "GPU-no-power-sensor"}
     energy = s["phasescope_gpu_phase_energy_joules_total"]

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from phasescope.classify.model import PhaseModel
 from phasescope.live_classify import LiveClassifier
@@ -23,23 +22,12 @@ from phasescope.serve.collector import registry_for
 from phasescope.serve.exposition import TextWriter
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
-from tests.serve.conftest import MIGRATION_RUN, promtool_check
+from tests.serve.conftest import MIGRATION_RUN, promtool_check, samples
 
 ECC = {("corrected", "volatile"): 3, ("corrected", "aggregate"): 41,
        ("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 2}
 
 
-@pytest.fixture(scope="module")
-def model() -> PhaseModel:
-    return PhaseModel.load()
-
-
-def _samples(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
 
 
 def health_agent(shared_data: Path, fake_nvml: Any, model: PhaseModel) -> tuple[Any, NvmlSource, Agent]:
@@ -71,7 +59,7 @@ def test_health_series_only_where_the_gpu_has_the_counter(
         return [line for line in bare if line.startswith(names)]
 
     assert health_lines(served) == health_lines(text) and len(health_lines(text)) > 16
-    s = _samples(text)
+    s = samples(text)
 
     def by_uuid(name: str) -> dict[str, list[tuple[dict[str, str], float]]]:
         out: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -99,12 +87,12 @@ def test_health_series_only_where_the_gpu_has_the_counter(
 
     fake.xid(0, 79)
     agent.on_tick(source.read())
-    s = _samples(generate_latest(registry))
+    s = samples(generate_latest(registry))
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_XID_ERRORS.name]} == {consumer: 1.0, dc: 0.0}
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_LAST_XID.name]} == {consumer: 79.0, dc: 0.0}
     fake.xid(0, 45)  # the application's channel torn down after it: the last XID, not a critical one
     agent.on_tick(source.read())
-    s = _samples(generate_latest(registry))
+    s = samples(generate_latest(registry))
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_LAST_XID.name]} == {consumer: 45.0, dc: 0.0}
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_CRITICAL_XID_ERRORS.name]} == {consumer: 1.0, dc: 0.0}
     assert {lab["uuid"]: v for lab, v in s[mn.GPU_LAST_CRITICAL_XID.name]} == {consumer: 79.0, dc: 0.0}
@@ -160,7 +148,7 @@ def test_serve_source_auto_serves_health(shared_data: Path, fake_nvml: Any, mode
     agent = Agent(source, 1.0, classifier=LiveClassifier(model))
     fake.xid(1, 79)
     agent.on_tick(source.read())
-    s = _samples(generate_latest(registry_for(agent, host="node1")))
+    s = samples(generate_latest(registry_for(agent, host="node1")))
     dc = source.devices()[1].uuid
     assert [v for lab, v in s[mn.GPU_PCIE_REPLAYS.name] if lab["uuid"] == dc] == [7.0]
     assert [v for lab, v in s[mn.GPU_LAST_CRITICAL_XID.name] if lab["uuid"] == dc] == [79.0]

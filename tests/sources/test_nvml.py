@@ -3,36 +3,21 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pynvml
 import pytest
 
 from phasescope.errors import SourceError
-from phasescope.schema import MIB, PAPER_SIGNALS, Trace
+from phasescope.schema import MIB, PAPER_SIGNALS
 from phasescope.sources.base import SIGNAL_COLUMN
 from phasescope.sources.host import HostSource
 from phasescope.sources.nvml import NvmlSource, nvml_available, open_nvml_or_none
-from phasescope.sources.replay import read
 from tests.fakes.fake_nvml import FakeProcess
 
-SENSORGUARD_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"
-SPAR_RUN = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
 RTX3090_MEM = 24576 * MIB  # the RTX 3090's 24 GiB: SensorGuard logs memory used, not the total
 
 
-@pytest.fixture(scope="module")
-def sg_traces(shared_data: Path) -> list[Trace]:
-    traces = read(shared_data / SENSORGUARD_RUN)
-    assert len(traces) == 2
-    return traces
-
-
-@pytest.fixture(scope="module")
-def spar_trace(shared_data: Path) -> Trace:
-    (trace,) = read(shared_data / SPAR_RUN)
-    return trace
 
 
 def _col(name: str) -> int:

@@ -8,32 +8,17 @@ import re
 from pathlib import Path
 
 import pynvml
-import pytest
 import yaml
 
-from phasescope.schema import MIB, SIGNAL_NAMES, Trace
+from phasescope.schema import MIB, SIGNAL_NAMES
 from phasescope.sources.nvml import CRITICAL_XIDS, XID_MEANINGS, NvmlSource
-from phasescope.sources.replay import read
 
-SENSORGUARD_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"
-SPAR_RUN = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
 CRITICAL_ALERT = "PhasescopeGPUCriticalXid"
 RULES = Path(__file__).resolve().parents[2] / "deploy/prometheus/rules.yml"
 ECC = {("corrected", "volatile"): 3, ("corrected", "aggregate"): 41,
        ("uncorrected", "volatile"): 0, ("uncorrected", "aggregate"): 2}
 
 
-@pytest.fixture(scope="module")
-def sg_traces(shared_data: Path) -> list[Trace]:
-    traces = read(shared_data / SENSORGUARD_RUN)
-    assert len(traces) == 2
-    return traces
-
-
-@pytest.fixture(scope="module")
-def spar_trace(shared_data: Path) -> Trace:
-    (trace,) = read(shared_data / SPAR_RUN)
-    return trace
 
 
 def test_counters_of_a_datacenter_gpu_absent_on_a_consumer_one(fake_nvml, sg_traces, spar_trace):
