@@ -1,11 +1,19 @@
-"""A local HTTP server in a thread, for tests that need a real endpoint (metrics, a fake Prometheus)."""
+"""A local HTTP server in a thread, for tests that need a real endpoint (metrics, a fake Prometheus), and
+Starlette's TestClient for the in-process apps."""
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+with warnings.catch_warnings():  # starlette warns that its TestClient will move to httpx2; today's works
+    warnings.simplefilter("ignore", UserWarning)  # StarletteDeprecationWarning is a UserWarning
+    from starlette.testclient import TestClient
+
+__all__ = ["TestClient", "serving"]
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.testclient import TestClient
+from tests.http_helpers import TestClient
 
 from phasescope.classify.model import PhaseModel
 from phasescope.errors import SourceError

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,9 @@ from phasescope.serve.app import PLOTLY_PATH, build_app
 from phasescope.sources.base import TickBatch
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
+from tests.http_helpers import TestClient
 from tests.live_helpers import ticks
 from tests.serve.conftest import MIGRATION_RUN, feed
-
-with warnings.catch_warnings():  # starlette warns that its TestClient will move to httpx2; today's works
-    warnings.simplefilter("ignore", UserWarning)  # StarletteDeprecationWarning is a UserWarning
-    from starlette.testclient import TestClient
 
 ROUTES = ["/", f"/{PLOTLY_PATH}", "/api/state", "/api/history", "/api/update", "/healthz"]
 TOKEN = "s3cret-token"
