@@ -60,7 +60,7 @@ from phasescope.config import load as load_config
 from phasescope.config import parse as parse_config
 from phasescope.errors import InputError, SourceError
 from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices
-from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.kpi.energy import FleetEnergyMeter
 from phasescope.sampler import MIN_INTERVAL_S, Sampler
 from phasescope.schema import DeviceInfo
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
@@ -190,6 +190,22 @@ class Measurement:
                     out[int(package)] = joules
         return out or None
 
+    def __str__(self) -> str:
+        """What `print(m)` shows: one line for the window, one per device, then the notes (repr() keeps the
+        full dataclass form)."""
+        lines = [f"window {self.name!r}: {_seconds(self.time_s)}, energy {_joules(self.total_energy_j)}, "
+                 f"cost {_usd(self.cost.total_usd)}"]
+        for d in self.devices:
+            who = "host" if d.is_host else f"GPU {d.index}" if d.index is not None else "device"
+            power = "" if d.mean_power_w is None else f", {d.mean_power_w:.4g} W mean"
+            cover = "" if d.coverage is None or d.coverage >= 1 else f", covers {d.coverage:.0%}"
+            util = "" if d.util_mean is None else f", util {d.util_mean:.0%}"
+            lines.append(f"  {who} {d.name} ({d.uuid}): {_joules(d.energy_j)} [{d.method}]{power}{cover}"
+                         f"{util}, cost {_usd(d.cost.total_usd)}")
+            lines += [f"    note: {n}" for n in d.notes]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (None for what was not measured), e.g. for `wandb.log` or a results file."""
         return {
@@ -252,8 +268,8 @@ class Monitor:
     """Measures named windows of code on the watched devices. See the module doc.
 
     source: "auto" (NVIDIA GPUs through NVML, else the host), "nvml", "host", "replay:PATH", or a LiveSource.
-    devices: NVML indices or uuids to report (default: every device the source lists: the GPUs, plus the
-        host when RAPL can be read, or the host alone without a GPU). NVML's indices ignore
+    devices: NVML indices or uuids to report, or one alone (default: every device the source lists: the
+        GPUs, plus the host when RAPL can be read, or the host alone without a GPU). NVML's indices ignore
         CUDA_VISIBLE_DEVICES, so a uuid is the safe way to name the GPU torch uses.
     interval_s: background sampling while a window is open. "auto": 0.1 s when a GPU has power but no
         energy counter, 5 s with RAPL (its counter wraps), else none; a number: always, at that period
@@ -273,7 +289,7 @@ class Monitor:
         self,
         source: str | LiveSource = "auto",
         *,
-        devices: Sequence[int | str] | None = None,
+        devices: Sequence[int | str] | int | str | None = None,
         interval_s: Interval = "auto",
         prices: Prices | PriceConfig | Mapping[str, Any] | None = None,
         config: str | Path | None = None,
@@ -281,7 +297,8 @@ class Monitor:
         say: Callable[[str], None] | None = None,
     ) -> None:
         if interval_s not in (None, "auto") and not (
-            isinstance(interval_s, int | float) and math.isfinite(interval_s) and interval_s >= MIN_INTERVAL_S
+            isinstance(interval_s, int | float) and not isinstance(interval_s, bool)
+            and math.isfinite(interval_s) and interval_s >= MIN_INTERVAL_S
         ):
             raise InputError("Monitor", "interval_s", f"'auto', None or a number >= {MIN_INTERVAL_S} s",
                              interval_s)
@@ -297,11 +314,12 @@ class Monitor:
         self._pid = os.getpid()  # NVML handles, the lock's state and the thread do not cross a fork
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        needs_config = prices is None or config is not None
-        cfg = load_config(config) if needs_config else None
-        self.gap_factor = cfg.thresholds.energy_gap_factor if cfg is not None else DEFAULT_GAP_FACTOR
+        # Read even when prices= is given: its thresholds.energy_gap_factor applies to every energy figure
+        # (docs/ARCHITECTURE.md); prices= used to skip the file, and with it a configured gap factor.
+        cfg = load_config(config)
+        self.gap_factor = cfg.thresholds.energy_gap_factor
         if prices is None:
-            prices = cfg.prices if cfg is not None else PriceConfig()
+            prices = cfg.prices
         self._prices = prices
         self.source = self._open_source(source)
         try:
@@ -381,11 +399,19 @@ class Monitor:
         return None
 
     @staticmethod
-    def _select(wanted: Sequence[int | str] | None, devices: list[DeviceInfo]) -> list[str]:
+    def _select(wanted: Sequence[int | str] | int | str | None, devices: list[DeviceInfo]) -> list[str]:
         if wanted is None:  # the GPUs, and the host where it has a row (alone, or with RAPL energy)
             return [d.uuid for d in devices]
+        if isinstance(wanted, int | str):
+            # devices=0 or devices="GPU-…": one device (a str was iterated by character, an int raised
+            # "'int' object is not iterable").
+            wanted = [wanted]
+        if not wanted:  # [] would measure nothing at all, silently
+            raise InputError("Monitor", "devices", "NVML indices or uuids (None: every device)", "[]")
         keys = [(d.index, d.uuid) for d in devices]
-        return [devices[_pick(k, keys, "the watched devices")].uuid for k in wanted]
+        # A device named twice (devices=[0, "GPU-…"]) is reported once: a second row would count its
+        # energy and cost twice in the totals.
+        return list(dict.fromkeys(devices[_pick(k, keys, "the watched devices")].uuid for k in wanted))
 
     @property
     def devices(self) -> list[DeviceInfo]:
@@ -616,12 +642,16 @@ class Monitor:
             if not measured:
                 notes.append("no power or energy reading: energy not measured" + (
                     " (no readable RAPL counters on this host)" if is_host_device(info) else ""))
-            elif r.method == "counter" and r.joules == 0.0 and acc[3]:
-                notes.append(f"the energy counter did not advance in {r.span_s:.3g} s (it updates every "
-                             "few tens of ms): 0 J is a lower bound; measure a longer window")
+            elif r.method == "counter" and r.joules == 0.0 and (acc[3] or is_host_device(info)):
+                # The host has no power reading to tell a still counter from an idle one: RAPL's counter
+                # moves every ms or so on any running CPU, so a still one means a too-short window there too.
+                notes.append(f"the energy counter did not advance in {r.span_s:.3g} s (NVML's updates every "
+                             "few tens of ms, RAPL's about every ms): 0 J is a lower bound; measure a longer "
+                             "window")
             if uuid in window.dark_at_end:
-                notes.append("no reading at the end of the window (GPU lost or not answering): energy "
-                             "stops at its last reading")
+                # Without a second reading there is no energy at all: say so, not "stops at its last reading".
+                notes.append("no reading at the end of the window (GPU lost or not answering): " + (
+                    "energy stops at its last reading" if measured else "energy not measured"))
             elif measured and r.span_s > 0 and r.covered_s < r.span_s - 1e-9:
                 notes.append(f"energy covers {r.covered_s / r.span_s:.0%} of the window (readings missing)")
             parts: dict[str, float] = {}
@@ -697,6 +727,14 @@ class Window:
             raise
         return self
 
+    def __call__(self, func: object) -> None:
+        """`@phasescope.measure("step")` on a function: not supported (where would each call's result go?);
+        without this Python says only "'Window' object is not callable"."""
+        if self._owned:
+            self.monitor.close()
+        raise TypeError(f"measure({self.name!r}) is a context manager, not a decorator: inside the function "
+                        f"write `with phasescope.measure({self.name!r}) as w:` and read `w.result`")
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
@@ -754,6 +792,20 @@ def measure(name: str = "window", *, monitor: Monitor | None = None, sync: bool 
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _joules(j: float | None) -> str:
+    if j is None:
+        return "not measured"
+    return f"{j:,.0f} J" if abs(j) >= 1000 else f"{j:.4g} J"  # an epoch's 1,234,567 J, not 1.235e+06
+
+
+def _seconds(s: float) -> str:
+    return f"{s:,.0f} s" if s >= 1000 else f"{s:.4g} s"
+
+
+def _usd(usd: float | None) -> str:
+    return "no price set" if usd is None else f"${usd:.4g}"
 
 
 def _price_config(prices: object) -> PriceConfig:
