@@ -20,7 +20,7 @@ from phasescope.display import (
     fmt_watts,
 )
 from phasescope.kpi.cost import Cost
-from phasescope.kpi.energy import J_PER_KWH, totals_by_phase
+from phasescope.kpi.energy import DeviceEnergy, PhaseEnergy, totals_by_phase
 from phasescope.report.data import DeviceReport, ReportData
 from phasescope.schema import PHASES, FloatArray, Trace
 
@@ -80,9 +80,10 @@ def _cost(c: Cost) -> str:
     return f"{fmt_usd(c.total_usd)} ({', '.join(parts)})"
 
 
-def _kwh(joules: float, covered_s: float) -> str:
+def _kwh(fig: DeviceEnergy | PhaseEnergy) -> str:
     """kWh, or MISSING where no second had a power or energy reading (unknown energy is not 0 kWh)."""
-    return f"{joules / J_PER_KWH:.4f}" if covered_s > 0 else MISSING
+    kwh = fig.measured_kwh
+    return f"{kwh:.4f}" if kwh is not None else MISSING
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], raw: bool = False, cls: str = "") -> str:
@@ -189,7 +190,7 @@ def _summary(data: ReportData) -> str:
             _e(fmt_seconds(d.stats["duration_s"])),
             _e(f"{d.stats['samples']:.0f} @ {_num(d.stats['rate_hz'], 2)} Hz"),
             _e(missing),
-            _e(f"{_kwh(e.joules, e.covered_s)} kWh ({e.method}, {fmt_ratio(e.coverage)} covered)"),
+            _e(f"{_kwh(e)} kWh ({e.method}, {fmt_ratio(e.coverage)} covered)"),
             _e(_cost(d.cost)),
         ])
     return _table(["device", "file", "phase (confidence)", "span", "samples", "missing signals", "energy",
@@ -203,7 +204,7 @@ def _phase_totals(data: ReportData) -> str:
     rows = []
     for label, (secs, _, cost) in sorted(data.phase_totals().items(), key=lambda kv: -kv[1][0]):
         pe = measured[label]
-        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(_kwh(pe.joules, pe.covered_s)),
+        rows.append([badge(label), _e(f"{secs / 3600:.3f}"), _e(_kwh(pe)),
                      _e(fmt_watts(pe.mean_power_w)), _e(_cost(cost))])
     return _table(["phase", "device-hours", "kWh", "mean power", "cost"], rows, raw=True)
 
@@ -219,7 +220,7 @@ def _phase_table(d: DeviceReport) -> str:
             _e(fmt_ratio(st.get("util_mean", math.nan))),
             _e(fmt_watts(st.get("power_mean_w", math.nan))),
             _e(fmt_bytes(st.get("mem_used_max", math.nan))),
-            _e(f"{_kwh(pe.joules, pe.covered_s)} kWh ({fmt_ratio(pe.coverage)} covered)"),
+            _e(f"{_kwh(pe)} kWh ({fmt_ratio(pe.coverage)} covered)"),
             _e(_cost(d.phase_cost.get(label, Cost(None, None)))),
         ])
     head = ["phase", "time", "mean util", "mean power", "peak memory", "energy", "cost"]
@@ -274,7 +275,7 @@ def _kpis(d: DeviceReport) -> str:
          + (f" of {fmt_bytes(mem_total)}" if math.isfinite(mem_total) else "")],
         ["peak temperature", f"{_num(s['temperature_max'], 0)} °C" if math.isfinite(s["temperature_max"])
          else MISSING],
-        ["energy", (f"{d.energy.joules:,.0f} J = {d.energy.kwh:.4f} kWh" if d.energy.covered_s > 0
+        ["energy", (f"{d.energy.joules:,.0f} J = {d.energy.kwh:.4f} kWh" if d.energy.measured
                     else f"{MISSING} kWh (no power or energy reading)")
                    + f", method {d.energy.method}, {fmt_ratio(d.energy.coverage)} of the span covered"
                    + (f", {d.energy.resets} counter reset(s)" if d.energy.resets else "")],
