@@ -511,14 +511,9 @@ class NvmlSource:
 
     def _mem_temperature(self, dev: _Device) -> float | None:
         fields = self._call(dev, "nvmlDeviceGetFieldValues", dev.handle, [_FI_DEV_MEMORY_TEMP], key="memtemp")
-        if fields is None:
+        if fields is None or self._field_failed(dev, fields, "memtemp"):
             return None
         f = fields[0]
-        if f.nvmlReturn != 0:
-            self._count("nvmlDeviceGetFieldValues")
-            if int(f.nvmlReturn) in _STATIC_FAILURES:
-                dev.unsupported.add("nvmlDeviceGetFieldValues:memtemp")
-            return None
         v = float(getattr(f.value, _FIELD_VALUE.get(int(f.valueType), "uiVal")))
         # GPUs without a memory sensor (GDDR: L4, L40S, T4) answer 0, which dcgm-exporter publishes as 0 C
         # (shared data, formats/dcgm-exporter-prom): a working GPU's memory is never at 0 C, so: unknown.
@@ -596,20 +591,27 @@ class NvmlSource:
                 return v
         return self._call(dev, "nvmlDeviceGetCurrentClocksThrottleReasons", dev.handle)
 
+    def _field_failed(self, dev: _Device, fields: Any, key: str) -> bool:
+        """Whether a field of a `nvmlDeviceGetFieldValues` answer failed (the call succeeds and each field
+        carries its own return code): counted, and remembered as unsupported when it cannot change."""
+        code = next((int(f.nvmlReturn) for f in fields if f.nvmlReturn != 0), 0)
+        if not code:
+            return False
+        self._count("nvmlDeviceGetFieldValues")
+        if code in _STATIC_FAILURES:
+            dev.unsupported.add(f"nvmlDeviceGetFieldValues:{key}")
+        return True
+
     def _read_nvlink(self, dev: _Device, row: list[float]) -> None:
         # Cumulative KiB counters summed over all links (scopeId UINT_MAX); rate = delta / delta-t.
         fields = self._call(dev, "nvmlDeviceGetFieldValues", dev.handle,
                             [(_FI_NVLINK_DATA_TX, _UINT_MAX), (_FI_NVLINK_DATA_RX, _UINT_MAX)], key="nvlink")
         if fields is None:
             return
-        tx, rx = fields[0], fields[1]
-        if tx.nvmlReturn != 0 or rx.nvmlReturn != 0:
-            code = int(tx.nvmlReturn or rx.nvmlReturn)
-            self._count("nvmlDeviceGetFieldValues")
-            if code in _STATIC_FAILURES:
-                dev.unsupported.add("nvmlDeviceGetFieldValues:nvlink")
+        if self._field_failed(dev, fields, "nvlink"):
             dev.nvlink_prev = None
             return
+        tx, rx = fields[0], fields[1]
         now = (float(tx.timestamp), float(tx.value.ullVal), float(rx.value.ullVal))
         prev = dev.nvlink_prev
         dev.nvlink_prev = now
