@@ -110,12 +110,10 @@ class DeviceWatch:
             out, partial = [], []
             for uuid, stats in self.stats.items():
                 e = energy[uuid]
-                row = e.to_dict()
+                row = e.to_dict()  # unmeasured energy (no power or energy reading) is null, never 0 J
                 for key in ("device", "name", "phases"):  # said once per device; no phase split here
                     del row[key]
-                if e.method == "none":  # no power or energy signal: unknown, never 0 J
-                    row["joules"] = row["kwh"] = None
-                elif e.span_s > 0 and e.covered_s < e.span_s - 1e-9:
+                if e.method != "none" and e.span_s > 0 and e.covered_s < e.span_s - 1e-9:
                     partial.append(f"{uuid} {e.coverage:.0%} of {e.span_s:.3g} s")
                 out.append({"uuid": uuid, "name": stats.name, **stats.to_dict(),
                             "energy_j": row["joules"], "energy": row})
