@@ -375,3 +375,52 @@ def test_fmt_elapsed() -> None:
     assert [fmt_elapsed(s) for s in (0, 42.9, 60, 725, 3600, 11525, 86400 + 3 * 3600 + 59)] == [
         "0s", "42s", "1m00s", "12m05s", "1h00m", "3h12m", "1d03h"]
     assert fmt_elapsed(math.nan) == MISSING and fmt_elapsed(-1) == MISSING  # a clock step: not "-1s"
+
+
+@pytest.mark.parametrize("method_says", [None, "integrated_power", "none"])
+def test_energy_reads_unmeasured_until_a_second_is_covered(
+    traces: list[Trace], monkeypatch: pytest.MonkeyPatch, method_says: str | None
+) -> None:
+    """The energy cell, the status line and the totals ask kpi/energy's one rule (`measured`: some covered
+    second), not the meter's method name: a metered GPU on its first tick, or with its power gone since
+    the start, reads – kWh beside its time-based cost and adds nothing to the totals; once a second is
+    covered it shows its kWh. Whatever `method` says: None is the real meter; "integrated_power" a method
+    named from the sensor seen (as the batch curve names it for one sample), which used to read 0.000 kWh;
+    "none" one that used to hide measured energy."""
+    from phasescope.display import fmt_usd
+    from phasescope.kpi.cost import Prices
+    from phasescope.kpi.energy import EnergyMeter
+
+    if method_says is not None:
+        monkeypatch.setattr(EnergyMeter, "method", property(lambda self: method_says))
+    state = LiveState("replay", prices=Prices(usd_per_gpu_hour=3600.0))  # $1 a second, no energy price
+    power, energy = SIGNAL_NAMES.index("power"), SIGNAL_NAMES.index("energy")
+    batches = list(ticks(traces, 0, 5))
+    t0 = batches[0].time
+    for i, batch in enumerate(batches):
+        batch.values[:, energy] = np.nan  # power only
+        if i in (1, 2):
+            batch.values[:, power] = np.nan  # a power dropout: ticks 0-3 cover no second
+        state.ingest(batch)
+        devices = [r for r in state.rows() if r.kind == "device"]
+        assert len(devices) == len(traces)
+        joules, _ = state.energy_totals()
+        status = state.status_line()
+        if i <= 2:  # the first tick, then the dropout since the start
+            held = fmt_usd(batch.time - t0)
+            assert all(r.cells["energy"] == f"{MISSING} kWh · {held}" for r in devices), i
+            assert f"energy {MISSING} kWh · cost" in status and "0.000 kWh" not in status
+            assert joules is None
+            continue
+        results = {r.device: r for r in state.energy.results()}
+        if i == 3:  # power back, but no interval with power at both ends yet
+            assert all(not r.measured for r in results.values())
+            assert joules is None and f"energy {MISSING} kWh" in status
+            continue
+        assert all(r.covered_s == pytest.approx(batch.time - batches[3].time) for r in results.values())
+        for row in devices:
+            kwh = results[row.key].joules / 3.6e6
+            assert row.cells["energy"] == f"{kwh:.3f} kWh · {fmt_usd(batch.time - t0)}"
+        total = sum(r.joules for r in results.values())
+        assert total > 0 and joules == pytest.approx(total)
+        assert f"energy {total / 3.6e6:.3f} kWh" in status and f"{MISSING} kWh" not in status

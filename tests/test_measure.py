@@ -537,3 +537,39 @@ def test_prices_as_the_config_files_table(fake_nvml, sg_traces):
         Monitor("host", prices={"usd_per_hour": 2.5})
     with pytest.raises(InputError, match=r"^Monitor: prices: expected a Prices, a PriceConfig, a mapping"):
         Monitor("host", prices=2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method_says", [None, "integrated_power", "none"])
+def test_energy_is_unmeasured_without_a_covered_second_whatever_the_method_says(
+    fake_nvml, sg_traces, monkeypatch, method_says
+):
+    # A window asks kpi/energy's one rule (`measured`: some covered second), not the meter's method name:
+    # one reading (begin and end on one tick), or a power dropout over the whole window, is energy None and
+    # said, not 0 J; a covered window has its joules. None is the real meter; "integrated_power" a method
+    # named from the sensor seen (as the batch curve names it for one sample), which used to give 0 J;
+    # "none" one that used to drop measured joules.
+    from phasescope.kpi.energy import EnergyMeter
+
+    if method_says is not None:
+        monkeypatch.setattr(EnergyMeter, "method", property(lambda self: method_says))
+    trace = sg_traces[0]
+    fake = fake_nvml([trace])  # power only
+    fake.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_TIMEOUT, from_tick=1, until_tick=7)
+    with Monitor(RecordedClock(fake), interval_s=None, prices=PRICES) as mon:
+        mon.begin_window("first")
+        first = mon.end_window("first").devices[0]  # tick 0, read twice on the recording's clock
+        fake.advance()
+        dark = _sampled_window(mon, fake, 5).devices[0]  # ticks 1-6: no power
+        lit = _sampled_window(mon, fake, 5).devices[0]  # ticks 6-11: power from tick 7
+    for dev in (first, dark):
+        assert dev.energy_j is None and dev.coverage is None and dev.mean_power_w is None
+        assert dev.cost.energy_usd is None and dev.cost.time_usd is not None
+        assert any("energy not measured" in n for n in dev.notes)
+        assert not any("energy covers" in n for n in dev.notes)
+    assert dark.span_s == pytest.approx(trace.time[6] - trace.time[1])
+    power = np.round(trace["power"][6:12] * 1000) / 1000
+    power[0] = np.nan
+    ref = device_energy(Trace(trace.device, trace.time[6:12], {"power": power}))
+    assert ref.joules > 0 and lit.energy_j == pytest.approx(ref.joules, rel=1e-12)
+    assert lit.covered_s == pytest.approx(ref.covered_s) and lit.cost.energy_usd is not None
+    assert not any("energy not measured" in n for n in lit.notes)

@@ -416,15 +416,16 @@ class LiveState:
         with self._lock:
             return [u for u, d in self._devices.items() if self._is_idle_held(d)]
 
-    def energy_totals(self) -> tuple[float, float | None]:
-        """(joules so far, USD so far or None when no price is set), all devices."""
+    def energy_totals(self) -> tuple[float | None, float | None]:
+        """(joules so far over the measured devices, or None while none is `measured`; USD so far or None
+        when no price is set), all devices."""
         with self._lock:
             results = self.energy.results()
             prices, _ = self._row_prices()
             costs = [device_cost(r, prices[r.device]).total_usd for r in results]
-        joules = sum(r.joules for r in results)
+        measured = [r.joules for r in results if r.measured]
         known = [c for c in costs if c is not None]
-        return joules, (sum(known) if known else None)
+        return (sum(measured) if measured else None), (sum(known) if known else None)
 
     def device_uuids(self) -> list[str]:
         with self._lock:
@@ -475,7 +476,8 @@ class LiveState:
             if held:
                 parts.append(f"{IDLE_HELD}: {', '.join(_dev_name(d.info) for d in held)}")
             results = self.energy.results()
-            measured = [r for r in results if r.method != "none"]  # a host row has no power or energy
+            # kpi/energy's rule: a host row, or a GPU before its first covered second, has no energy yet
+            measured = [r for r in results if r.measured]
             prices, _ = self._row_prices()
             each = (device_cost(r, prices[r.device]).total_usd for r in results)
             costs = [c for c in each if c is not None]
@@ -622,11 +624,12 @@ class LiveState:
         meter = self.energy.meters.get(uuid)
         if meter is None:
             return MISSING
-        cost = device_cost(meter.result(uuid), prices[uuid]).total_usd
+        result = meter.result(uuid)
+        cost = device_cost(result, prices[uuid]).total_usd
         usd = f" · {fmt_usd(cost)}" if cost is not None else ""
-        if meter.method == "none":  # no power sensor: the time-based cost alone, energy said unmeasured
-            return f"{MISSING} kWh{usd}" if usd else MISSING
-        return f"{meter.joules / 3.6e6:.3f} kWh{usd}"
+        if not result.measured:  # no power sensor, the first tick, a dropout since start: energy unmeasured,
+            return f"{MISSING} kWh{usd}" if usd else MISSING  # the time-based cost alone
+        return f"{result.kwh:.3f} kWh{usd}"
 
     def _device_row(self, dev: DeviceState | None, prices: Mapping[str, Prices]) -> Row:
         cells = dict.fromkeys(COLUMN_KEYS, MISSING)

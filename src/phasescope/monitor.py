@@ -638,7 +638,7 @@ class Monitor:
                 out.append(DeviceMeasurement(uuid, info.name, info.index, "none", None, 0.0, 0.0, util, ZERO,
                                              is_host_device(info), ("no reading in this window",)))
                 continue
-            measured = r.method != "none"
+            measured = r.measured  # kpi/energy's rule: some second covered, else unknown energy, not 0 J
             if not measured:
                 notes.append("no power or energy reading: energy not measured" + (
                     " (no readable RAPL counters on this host)" if is_host_device(info) else ""))
@@ -663,7 +663,7 @@ class Monitor:
             if with_gpus and is_host_device(info):
                 price = replace(price, usd_per_gpu_hour=None)
             out.append(DeviceMeasurement(
-                uuid, info.name, info.index, r.method, r.joules if measured else None, r.span_s, r.covered_s,
+                uuid, info.name, info.index, r.method, r.measured_joules, r.span_s, r.covered_s,
                 util, device_cost(r, price), is_host_device(info), tuple(notes), parts))
         return Measurement(window.name, window.start_wall, end_mono - window.start_mono, tuple(out),
                            window.samples, tuple(self.notes + window.notes))
