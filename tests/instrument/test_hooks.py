@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from copy import deepcopy
 from time import monotonic
 from typing import Any
@@ -35,6 +34,21 @@ def recording(**kw: Any) -> Iterator[Recorder]:
         rec.uninstall()
 
 
+@pytest.fixture(params=["slot", "global"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with roots followed through their slots, and again with the global hooks only (a torch
+    without the slot, a compiled or scripted root)."""
+    if request.param == "global":
+        from phasescope.instrument import hooks
+
+        monkeypatch.setattr(hooks, "_HAS_SLOT", False)
+    return str(request.param)
+
+
+def _slot_of(module: nn.Module) -> Any:
+    return module.__dict__.get("_compiled_call_impl")
+
+
 def timeline(rec: Recorder) -> Timeline:
     return build(rec.process_events())
 
@@ -51,7 +65,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, accumulate
         opt.step()
 
 
-def test_only_the_outermost_call_is_a_forward() -> None:
+def test_only_the_outermost_call_is_a_forward(mode: str) -> None:
     model = mlp()
     with recording() as rec, torch.no_grad():
         model(torch.randn(3, 8))
@@ -119,7 +133,7 @@ def test_closure_optimizer_counts_forwards_inside_step() -> None:
     assert [s.phase for s in tl.segments] == ["training"]
 
 
-def test_checkpoint_recompute_is_not_a_new_forward() -> None:
+def test_checkpoint_recompute_is_not_a_new_forward(mode: str) -> None:
     inner = mlp()
 
     class Outer(nn.Module):
@@ -137,7 +151,7 @@ def test_checkpoint_recompute_is_not_a_new_forward() -> None:
     assert tl.f_idx.size == 1 and tl.f_trained.tolist() == [True]
 
 
-def test_exception_in_forward_keeps_depth_right() -> None:
+def test_exception_in_forward_keeps_depth_right(mode: str) -> None:
     class Boom(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             raise ValueError("boom")
@@ -152,7 +166,7 @@ def test_exception_in_forward_keeps_depth_right() -> None:
     assert tl.flag(ev.RAISED).tolist() == [True, False]
 
 
-def test_state_flags_and_token_inputs() -> None:
+def test_state_flags_and_token_inputs(mode: str) -> None:
     emb = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
     with recording() as rec:
         emb(torch.randint(0, 50, (3, 7)))
@@ -168,7 +182,7 @@ def test_state_flags_and_token_inputs() -> None:
     assert tl.flag(ev.HAS_GRAPH).tolist() == [True, False]
 
 
-def test_dict_output_and_keyword_inputs() -> None:
+def test_dict_output_and_keyword_inputs(mode: str) -> None:
     class HFLike(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -186,7 +200,7 @@ def test_dict_output_and_keyword_inputs() -> None:
     assert tl.f_trained.tolist() == [True]
 
 
-def test_forwards_from_threads_are_all_counted() -> None:
+def test_forwards_from_threads_are_all_counted(mode: str) -> None:
     """Four threads call one model at once: every outermost forward is counted once, none raises."""
     model = mlp().eval()
     errors: list[BaseException] = []
@@ -274,23 +288,27 @@ def test_hooked_roots_still_pickle_and_copy_without_phasescope(tmp_path: Any) ->
         with pytest.raises(RuntimeError):
             model(torch.randn(2, 3))  # shape error inside the forward
         model(torch.randn(2, 8))
-        assert model._forward_hooks and model._forward_pre_hooks  # the root carries its own hooks
-        model.register_forward_hook(_user_hook)  # the user's hook is kept, ours is left out
+        assert _slot_of(model) is not None and not model._forward_hooks  # the root carries its slot only
+        model.register_forward_hook(_user_hook)  # the user's hook is kept
         torch.save(model, tmp_path / "model.pt")  # whole-module pickling must not meet a phasescope object
         copy = deepcopy(model)
+        assert _slot_of(copy) is None
         copy(torch.randn(2, 8))  # a copy is a new root, found by the global pre hook
+        assert _slot_of(copy) not in (None, _slot_of(model))  # with a slot of its own
     assert b"phasescope" not in (tmp_path / "model.pt").read_bytes()
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     assert list(loaded._forward_hooks.values()) == [_user_hook] and not loaded._forward_pre_hooks
     assert not loaded._forward_hooks_with_kwargs and not loaded._forward_hooks_always_called
-    # the copy carried the user's hook, so it was followed by the global hooks; uninstall removed ours
+    assert _slot_of(loaded) is None
+    # uninstall took the slots away; the user's hook stays
+    assert _slot_of(model) is None and _slot_of(copy) is None
     assert list(copy._forward_hooks.values()) == [_user_hook] == list(model._forward_hooks.values())
     tl = timeline(rec)
     assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 4
     assert len(set(tl.f_root.tolist())) == 2 and tl.flag(ev.RAISED).tolist() == [False, True, False, False]
 
 
-def test_module_calling_itself_is_one_forward() -> None:
+def test_module_calling_itself_is_one_forward(mode: str) -> None:
     class Recursive(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -307,7 +325,7 @@ def test_module_calling_itself_is_one_forward() -> None:
             return x
 
     plain = Recursive()
-    followed = Recursive()  # a root with a hook of its own: followed by the global hooks
+    followed = Recursive()  # a root with a hook of its own
     followed.register_forward_hook(_user_hook)
     for model in (plain, followed):
         with recording() as rec, torch.no_grad():
@@ -318,7 +336,7 @@ def test_module_calling_itself_is_one_forward() -> None:
         assert np.all(tl.f_t1 >= np.array(model.returned))  # ended by the outermost call, not an inner one
 
 
-def test_root_catching_its_own_inner_call_raising_is_one_forward() -> None:
+def test_root_catching_its_own_inner_call_raising_is_one_forward(mode: str) -> None:
     """The inner call's always-called hook runs on torch's exception path: it must not end the outer call."""
 
     class Retry(nn.Module):
@@ -364,13 +382,16 @@ def test_root_mode_leaves_no_global_hook_inside_a_root_call() -> None:
         for _ in range(3):
             model(torch.randn(2, 8))
             assert len(mm._global_forward_pre_hooks) == 1 and not mm._global_forward_hooks  # the finder
-    assert probe.seen == [(0, 0)] * 3  # the first call too: submodules take torch's fast path
-    assert not model[0]._forward_hooks and not probe._forward_pre_hooks  # only the root is hooked
+    # The first call is followed by hooks (the finder stays in, the root's own one-off forward hook ends it;
+    # no global forward hook); after it, the root and its submodules take torch's fast path.
+    assert probe.seen == [(1, 0)] + [(0, 0)] * 2
+    assert not model[0]._forward_hooks and not probe._forward_pre_hooks
+    assert _slot_of(model) is None and _slot_of(model[0]) is None and _slot_of(probe) is None
     assert not mm._global_forward_pre_hooks and not model._forward_hooks and not model._forward_pre_hooks
     assert timeline(rec).f_idx.size == 3
 
 
-def test_model_created_after_discovery_is_seen() -> None:
+def test_model_created_after_discovery_is_seen(mode: str) -> None:
     first = mlp()
     opt = torch.optim.SGD(first.parameters(), lr=0.1)
     with recording() as rec:
@@ -388,7 +409,7 @@ def test_model_created_after_discovery_is_seen() -> None:
     assert [s.phase for s in tl.segments] == ["training", "inference", "training"]
 
 
-def test_submodule_called_as_a_root_later_is_seen() -> None:
+def test_submodule_called_as_a_root_later_is_seen(mode: str) -> None:
     model = nn.Sequential(nn.Embedding(20, 8), nn.Linear(8, 20))
     with recording() as rec, torch.no_grad():
         for _ in range(3):
@@ -401,21 +422,26 @@ def test_submodule_called_as_a_root_later_is_seen() -> None:
     assert tl.flag(ev.TOKEN_INPUT).tolist() == [True] * 3 + [False] * 4 + [True]
 
 
-def test_root_with_hooks_of_its_own_is_followed_by_global_hooks() -> None:
+def test_root_with_hooks_of_its_own_gets_a_slot_and_its_hooks_still_run() -> None:
     probe = _Probe()
     model = nn.Sequential(nn.Linear(8, 8), probe)
-    handle = model.register_forward_hook(_user_hook)
+    seen: list[int] = []
+    handle = model.register_forward_hook(lambda m, a, out: seen.append(out.shape[0]))
     with recording() as rec, torch.no_grad():
-        for _ in range(2):
+        for _ in range(3):
             model(torch.randn(3, 8))
-            assert not torch.nn.modules.module._global_forward_hooks  # only in while such a call runs
+            assert not torch.nn.modules.module._global_forward_hooks  # only in while a first call runs
+        assert _slot_of(model) is not None
         with pytest.raises(RuntimeError):
             model(torch.randn(3, 5))
-        handle.remove()  # the user's handle still works: phasescope did not replace that dict
+        handle.remove()  # the user's handle still works: phasescope did not touch the hook dicts
+        model(torch.randn(2, 8))
     assert not model._forward_hooks and not torch.nn.modules.module._global_forward_hooks
-    assert probe.seen == [(1, 1)] * 2  # the slower global mode
+    assert seen == [3, 3, 3]
+    assert probe.seen == [(1, 0), (0, 0), (0, 0), (0, 0)]
     tl = timeline(rec)
-    assert tl.f_idx.size == 3 and tl.flag(ev.RAISED).tolist() == [False, False, True]
+    assert tl.f_batch.tolist() == [3, 3, 3, 3, 2]
+    assert tl.flag(ev.RAISED).tolist() == [False] * 3 + [True, False]
 
 
 def test_second_thread_keeps_the_finder_in() -> None:
@@ -428,7 +454,7 @@ def test_second_thread_keeps_the_finder_in() -> None:
         t.start()
         t.join()
         model(torch.randn(1, 8))
-    assert probe.seen == [(0, 0), (1, 0)]
+    assert probe.seen == [(1, 0), (1, 0)]  # the first call followed by hooks, the second with two threads
     tl = timeline(rec)
     assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 3
     assert tl.f_batch.tolist() == [1, 2, 1]
@@ -445,33 +471,81 @@ def test_reinstall_hooks_known_roots_again() -> None:
                 model(torch.randn(2, 8))
         finally:
             rec.uninstall()
-        assert not model._forward_hooks and not torch.nn.modules.module._global_forward_pre_hooks
+        assert _slot_of(model) is None and not torch.nn.modules.module._global_forward_pre_hooks
     with torch.no_grad():
         model(torch.randn(2, 8))  # not recorded
     tl = timeline(rec)
     assert tl.f_idx.size == 6 and tl.f_root.tolist() == [0] * 6 and len(rec.roots) == 1
 
 
-def test_uninstall_gives_roots_plain_hook_dicts_back() -> None:
-    """After uninstall a root holds plain OrderedDicts again; an empty hook dict of any type (say, left by
-    another copy of phasescope) does not keep a root from getting its own hooks."""
-    names = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
-             "_forward_hooks_always_called")
-
-    class OtherDict(OrderedDict[Any, Any]):
-        pass
-
+def test_a_root_the_user_compiled_has_its_compiled_call_wrapped_and_given_back() -> None:
+    """`Module.compile()` sets the same attribute: the slot calls the user's compiled call, and uninstall()
+    puts it back."""
     model = mlp()
-    model._forward_hooks = OtherDict()
+    calls: list[int] = []
+
+    def compiled(*args: Any, **kwargs: Any) -> Any:  # stands in for torch.compile(model._call_impl)
+        calls.append(1)
+        return model._call_impl(*args, **kwargs)
+
+    model._compiled_call_impl = compiled
     probe = _Probe()
     model.append(probe)
     with recording() as rec, torch.no_grad():
-        model(torch.randn(2, 8))
-        assert model._forward_hooks  # hooked: its own forward hook, not the global one
-    assert probe.seen == [(0, 0)]
-    assert all(type(getattr(model, n)) is OrderedDict and not getattr(model, n) for n in names)
-    assert timeline(rec).f_idx.size == 1
+        for _ in range(3):
+            model(torch.randn(2, 8))
+        assert _slot_of(model) not in (None, compiled)
+    assert _slot_of(model) is compiled and len(calls) == 3
+    assert probe.seen == [(1, 0), (0, 0), (0, 0)]
+    tl = timeline(rec)
+    assert tl.f_idx.size == 3 and tl.f_root.tolist() == [0] * 3
 
+
+def test_a_copy_of_a_roots_dict_runs_as_itself() -> None:
+    """A DataParallel replica is a new module holding a shallow copy of the original's __dict__, slot
+    included: it must compute with its own submodules and parameters, and is a root of its own."""
+    model = mlp()
+    x = torch.randn(2, 8)
+    with recording() as rec, torch.no_grad():
+        model(x)
+        model(x)
+        replica = model._replicate_for_data_parallel()
+        assert _slot_of(replica) is _slot_of(model)
+        replica[2] = nn.Linear(16, 4)  # the replica's own last layer
+        got = replica(torch.ones(3, 8))
+        assert _slot_of(replica) not in (None, _slot_of(model))  # the finder gave it its own
+        again = replica(torch.ones(3, 8))
+        model(x)
+    want = replica[2](replica[1](replica[0](torch.ones(3, 8))))
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(again, want)
+    tl = timeline(rec)
+    assert tl.f_root.tolist() == [0, 0, 1, 1, 0] and tl.f_batch.tolist() == [2, 2, 3, 3, 2]
+
+
+def test_a_parametrized_roots_deepcopy_runs_as_itself() -> None:
+    """A parametrized module's deepcopy copies its __dict__ with deepcopy (the slot function is copied as
+    itself): the copy must use its own weights."""
+    from torch.nn.utils import parametrize
+
+    class Scale(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    model = nn.Linear(4, 4)
+    parametrize.register_parametrization(model, "weight", Scale())
+    x = torch.randn(3, 4)
+    with recording() as rec, torch.no_grad():
+        model(x)
+        model(x)
+        twin = deepcopy(model)
+        twin.parametrizations.weight.original.add_(1.0)
+        got = twin(x)
+        base = model(x)
+    torch.testing.assert_close(got, x @ (2 * twin.parametrizations.weight.original).T + twin.bias)
+    assert not torch.allclose(got, base)
+    tl = timeline(rec)
+    assert tl.f_root.tolist() == [0, 0, 1, 0]
 
 
 def test_lock_free_thread_count_is_threadings() -> None:
@@ -526,9 +600,10 @@ def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward(
     assert sorted(tl.f_batch.tolist()) == [1, 2, 2, 2]
 
 
-def test_keyboard_interrupt_in_a_forward_does_not_stop_recording() -> None:
-    """torch's always-call hooks catch Exception only: a call a KeyboardInterrupt ended is found dead by
-    its frame on the next call, and new roots are found again."""
+def test_keyboard_interrupt_in_a_forward_does_not_stop_recording(mode: str) -> None:
+    """torch's always-call hooks catch Exception only. Through the slot, the interrupted call is seen ending
+    (a raised row); in global mode no hook runs, so the call is found dead by its frame on the next call and
+    leaves no row. Either way new roots are found again."""
 
     class Interrupted(nn.Module):
         def __init__(self) -> None:
@@ -543,14 +618,17 @@ def test_keyboard_interrupt_in_a_forward_does_not_stop_recording() -> None:
 
     model = Interrupted()
     mm = torch.nn.modules.module
-    spans = []  # (before, after) each completed call, to check each forward's own start and end
+    spans = []  # (before, after) each call that leaves a row, to check each forward's own start and end
     with recording() as rec, torch.no_grad():
         t = monotonic()
         model(torch.randn(1, 8))
         spans.append((t, monotonic()))
         model.boom = True
+        t = monotonic()
         with pytest.raises(KeyboardInterrupt):
             model(torch.randn(1, 8))
+        if mode == "slot":
+            spans.append((t, monotonic()))
         model.boom = False
         for _ in range(3):
             t = monotonic()
@@ -561,9 +639,11 @@ def test_keyboard_interrupt_in_a_forward_does_not_stop_recording() -> None:
         nn.Linear(8, 2)(torch.randn(3, 8))
         spans.append((t, monotonic()))
     tl = timeline(rec)
-    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Interrupted"] * 4 + ["Linear"]
-    assert tl.f_batch.tolist() == [1, 2, 2, 2, 3]
-    # The interrupted call leaves no row, and its start does not leak into the next call's row.
+    interrupted = [1] if mode == "slot" else []
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Interrupted"] * (4 + len(interrupted)) + ["Linear"]
+    assert tl.f_batch.tolist() == [1, *interrupted, 2, 2, 2, 3]
+    assert tl.flag(ev.RAISED).tolist() == [False, *[True for _ in interrupted], False, False, False, False]
+    # The interrupted call's start does not leak into the next call's row.
     before, after = np.array(spans).T
     assert (before <= tl.f_t0).all() and (tl.f_t0 <= tl.f_t1).all() and (tl.f_t1 <= after).all()
 
@@ -572,11 +652,21 @@ def test_forward_hook_called_with_three_arguments_reads_as_raised() -> None:
     model = mlp()
     x = torch.randn(2, 8)
     with recording() as rec, torch.no_grad():
-        model(x)  # hooks the root
-        rec._root_pre(0, model, (x,))  # a call begins as torch would begin it
-        rec._root_post(model, (x,), None)  # a torch that passes (module, args, kwargs) on the exception path
+        model(x)
+        for _ in range(2):
+            rec._find_root(nn.Linear(2, 2), (x,))  # a root's first call begins as torch would begin it
+            st = rec._tl.st
+            rec._own_end(st.root, (x,), None)  # a torch that passes (module, args, kwargs) when it raised
+    with pytest.MonkeyPatch.context() as mp:  # and the global forward hook, for roots with no slot
+        from phasescope.instrument import hooks
+
+        mp.setattr(hooks, "_HAS_SLOT", False)
+        with recording() as rec2, torch.no_grad():
+            rec2._find_root(nn.Linear(2, 2), (x,))
+            rec2._global_end(rec2._tl.st.root, (x,), None)
     tl = timeline(rec)
-    assert tl.flag(ev.RAISED).tolist() == [False, True]
+    assert tl.flag(ev.RAISED).tolist() == [False, True, True]
+    assert timeline(rec2).flag(ev.RAISED).tolist() == [True]
 
 
 def test_finder_put_back_during_uninstall_is_removed() -> None:
@@ -595,19 +685,19 @@ def test_finder_put_back_during_uninstall_is_removed() -> None:
     assert not torch.nn.modules.module._global_forward_pre_hooks
 
 
-def test_shallow_copy_of_a_hooked_root_is_a_root_of_its_own() -> None:
-    """copy.copy shares the original's hook dicts; the copy gets its own, so neither fires the other's."""
+def test_shallow_copy_of_a_root_is_a_root_of_its_own() -> None:
+    """copy.copy leaves the slot out (Module.__getstate__): the copy is found and gets its own."""
     import copy
 
     model = mlp()
     with recording() as rec, torch.no_grad():
         model(torch.randn(1, 8))
         twin = copy.copy(model)
+        assert _slot_of(twin) is None
         twin(torch.randn(2, 8))
         twin(torch.randn(3, 8))
         model(torch.randn(4, 8))
-        assert twin._forward_hooks is not model._forward_hooks
-        assert len(model._forward_pre_hooks) == len(twin._forward_pre_hooks) == 1
+        assert _slot_of(twin) not in (None, _slot_of(model))
     tl = timeline(rec)
     assert tl.f_root.tolist() == [0, 1, 1, 0]
     assert tl.f_batch.tolist() == [1, 2, 3, 4]
@@ -625,10 +715,10 @@ def test_uninstall_waits_for_the_flush_thread() -> None:
         assert flusher is not None and not flusher.is_alive()
 
 
-def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_call() -> None:
-    """A notebook: Ctrl-C ends a forward, then the next cell builds and calls a new model. No hook runs on
-    the interrupt's path, so the flush thread sees the dead call (its caller frame is off the stack) and
-    puts the finder back; the new model's calls are recorded."""
+def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_call(mode: str) -> None:
+    """A notebook: Ctrl-C ends a model's first forward (global mode: no hook of ours runs on the interrupt's
+    path), then the next cell builds and calls a new model. The finder sees the interrupted call's caller
+    frame off the stack, drops it, and records the new model's calls."""
 
     class Interrupted(nn.Module):
         def __init__(self) -> None:
@@ -639,21 +729,104 @@ def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_ca
             raise KeyboardInterrupt
 
     mm = torch.nn.modules.module
-    rec = Recorder(None, flush_s=0.02)
+    with recording() as rec, torch.no_grad():
+        mlp()(torch.randn(1, 8))
+        with pytest.raises(KeyboardInterrupt):
+            Interrupted()(torch.randn(1, 8))
+        fresh = nn.Sequential(nn.Linear(8, 2))
+        for _ in range(3):
+            fresh(torch.randn(2, 8))
+        assert not mm._global_forward_hooks  # the dead call's global forward hook is gone with it
+    tl = timeline(rec)
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Sequential"] * 4
+    assert tl.f_batch.tolist() == [1, 2, 2, 2]
+
+
+class _InterruptedOnce(nn.Module):
+    """Ctrl-C in its forward until `boom` is cleared (module level: torch.save pickles it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.boom = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.boom:
+            raise KeyboardInterrupt
+        return self.lin(x)
+
+
+def test_a_model_whose_first_forward_was_interrupted_still_saves(tmp_path: Any) -> None:
+    """The first call is ended by the root's own one-off forward hook, which a KeyboardInterrupt skips: the
+    flush thread takes it off, so `torch.save` never meets it; the model's next call is recorded."""
+    model = _InterruptedOnce()
+    rec = Recorder(None, flush_s=0.01)
     rec.install()
     try:
+        with torch.no_grad(), pytest.raises(KeyboardInterrupt):
+            model(torch.randn(1, 8))
+        deadline = monotonic() + 5.0
+        while model._forward_hooks and monotonic() < deadline:
+            threading.Event().wait(0.01)
+        assert not model._forward_hooks
+        torch.save(model, tmp_path / "model.pt")
+        model.boom = False
         with torch.no_grad():
-            mlp()(torch.randn(1, 8))  # a root of its own hooks, so the finder leaves torch's dict in calls
-            with pytest.raises(KeyboardInterrupt):
-                Interrupted()(torch.randn(1, 8))
-            deadline = monotonic() + 5.0
-            while rec._gid not in mm._global_forward_pre_hooks and monotonic() < deadline:
-                threading.Event().wait(0.01)
-            fresh = nn.Sequential(nn.Linear(8, 2))
-            for _ in range(3):
-                fresh(torch.randn(2, 8))
+            model(torch.randn(2, 8))
     finally:
         rec.uninstall()
+    assert b"phasescope" not in (tmp_path / "model.pt").read_bytes()
+    assert timeline(rec).f_batch.tolist() == [2]
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "Module.compile", "called first", "compiled function",
+                                 "compiled training step"])
+def test_compiled_models_are_recorded_and_stay_compiled(how: str) -> None:
+    """torch.compile (the eager backend: no C++ compiler needed) over hooked models: the results are right,
+    every root call leaves one row, and the hooks leave the model's graph whole after its first calls."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay, so outputs compare
+    want = model(x).detach()
+    with recording(count_flops=False) as rec:
+        with torch.no_grad():
+            if how == "called first":
+                model(x)
+            run: Any = torch.compile(model, backend="eager")
+            if how == "Module.compile":
+                model.compile(backend="eager")
+                run = model
+            elif how == "compiled function":
+                run = torch.compile(lambda t: model(t), backend="eager")
+        if how == "compiled training step":
+            def step(t: torch.Tensor) -> torch.Tensor:
+                out = model(t)
+                out.square().mean().backward()
+                return out
+
+            run = torch.compile(step, backend="eager")
+        outs = []
+        for i in range(6):
+            if i == 3:
+                graphs = counters["stats"]["unique_graphs"]
+            with torch.no_grad() if how != "compiled training step" else nullcontext():
+                outs.append(run(x).detach())
+            if how == "compiled training step":
+                opt.step()
+                opt.zero_grad()
+        assert counters["stats"]["unique_graphs"] == graphs  # no recompiles once it runs
+    for out in outs:
+        torch.testing.assert_close(out, want)
     tl = timeline(rec)
-    assert [rec.roots[r]["name"] for r in tl.f_root].count("Sequential") >= 3
-    assert tl.f_batch.tolist()[-3:] == [2, 2, 2]
+    n = 6 + (how == "called first")
+    assert tl.f_idx.size == n and (tl.f_t1 >= tl.f_t0).all() and tl.f_batch.tolist() == [3] * n
+    names = {rec.roots[r]["name"] for r in tl.f_root[-6:]}
+    assert names == ({"OptimizedModule"} if how in ("torch.compile", "called first") else {"Sequential"})
+    if how == "compiled training step":
+        assert tl.f_trained.all() and tl.steps == 6
+    if how == "Module.compile":  # uninstall() gave the user's compiled call back
+        assert _slot_of(model) is not None and "_slot" not in getattr(_slot_of(model), "__qualname__", "")

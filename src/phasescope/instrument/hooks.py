@@ -1,14 +1,16 @@
-"""PyTorch hooks through supported APIs; they write rows into an EventBuffer and do O(1) work.
+"""PyTorch hooks, mostly through supported APIs; they write rows into an EventBuffer and do O(1) work.
 
-- Root modules (outermost calls: one request, or one training forward) get their own forward pre hook and
-  forward hook (always_call), registered once per root with `register_forward_pre_hook` /
-  `register_forward_hook`. A global pre hook (`register_module_forward_pre_hook`) finds new roots; it is only
-  in torch's global dict between root calls, so the submodules inside a root call take `_call_impl`'s fast
-  path (any global module hook sends every module call through the slow one, ~1.6 us each on a CPU).
-  Process-wide hook dicts are per-process, not per-thread: once a second thread calls modules, or more
-  threads run than at install(), the global pre hook stays in so no thread can miss a new root. Roots whose
-  hook dicts already hold hooks of their own are followed by global pre and forward hooks instead (the old,
-  slower mode).
+- Roots (outermost module calls: one request, or one training forward). A global pre hook
+  (`register_module_forward_pre_hook`, the finder) sees a root's first call, follows that call with a global
+  forward hook (always_call), and gives the root a slot: its `_compiled_call_impl`, which torch's `__call__`
+  calls before `_call_impl` (the attribute `Module.compile()` sets; `_slot` below). The slot times each later
+  call and takes the finder out of torch's dict for it, so the root and every module inside it take
+  `_call_impl`'s fast path: any module hook, global or the root's own, sends a call through the slow one
+  (several us each on a CPU). The finder is back in torch's dict between root calls, so new roots are found.
+  Hook dicts are per-process, not per-thread: once a second thread calls modules, or more threads run than
+  at install(), the finder stays in so no thread can miss a new root. Roots that cannot have a slot (a
+  compiled or scripted module, a torch without the attribute) are followed by the global hooks on every
+  call ("global mode", slower).
 - The outermost forward's output `grad_fn.register_prehook(...)`: fires when a backward pass reaches that
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
@@ -26,8 +28,9 @@ import itertools
 import os
 import sys
 import threading
+import types
 import weakref
-from collections import OrderedDict
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from time import monotonic
@@ -47,6 +50,10 @@ _GRAD_ENABLED, _INFERENCE_MODE, _MODULE_TRAINING = ev.GRAD_ENABLED, ev.INFERENCE
 _TOKEN_INPUT, _HAS_GRAPH, _RAISED_FLAG = ev.TOKEN_INPUT, ev.HAS_GRAPH, ev.RAISED
 is_grad_enabled = torch.is_grad_enabled
 is_inference_mode_enabled = torch.is_inference_mode_enabled
+# True while torch.compile traces: the slot then only calls through, and the global hooks run their eager
+# selves (torch.compiler.disable: a graph break around them, where they run; the model is still compiled).
+is_compiling = torch.compiler.is_compiling
+_MODULE_PY = nn_module.__file__
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32, torch.int16})
 
 
@@ -70,30 +77,6 @@ _MODE_SENSITIVE: tuple[type[torch.nn.Module], ...] = (
     torch.nn.modules.dropout._DropoutNd,
     torch.nn.modules.batchnorm._BatchNorm,
 )
-
-
-# Handle ids of phasescope's per-root hooks: a module's hook dicts pickle and copy without them.
-_OWN_HOOK_IDS: set[int] = set()
-# The per-module dicts a forward pre hook and an always-called forward hook with kwargs are entered in.
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
-               "_forward_hooks_always_called")
-
-
-class _HookDict(OrderedDict[Any, Any]):
-    """A root module's hook dict: `torch.save(model)`, `copy.deepcopy(model)` and pickling see it without
-    phasescope's entries (a plain OrderedDict of the user's own), so no phasescope object is ever saved."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (OrderedDict, ([(k, v) for k, v in self.items() if k not in _OWN_HOOK_IDS],))
-
-
-def _restore_hook_dicts(module: torch.nn.Module) -> None:
-    """Give an uninstrumented root back plain hook dicts, where no hook of the user's is in them (so another
-    copy of this module, e.g. an older version timed by benchmarks/bench_hooks.py, can hook it too)."""
-    d = module.__dict__
-    if all(type(d.get(name)) is _HookDict and not d[name] for name in _HOOK_DICTS):
-        for name in _HOOK_DICTS:
-            d[name] = OrderedDict()
 
 
 def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Tensor | None:
@@ -146,6 +129,15 @@ def _tensor_bytes(t: Tensor) -> int:
     return int(t.numel() * t.element_size())
 
 
+def _hook_caller(frame: Any) -> Any:
+    """The frame of torch's module.py that called a global hook: `_call_impl`'s, or that of its compiled
+    resumption when the hook runs at a torch.compile graph break (torch.compiler.disable adds frames)."""
+    caller = frame
+    while caller is not None and caller.f_code.co_filename != _MODULE_PY:
+        caller = caller.f_back
+    return frame if caller is None else caller
+
+
 def _on_stack(frame: Any, target: Any) -> bool:
     """Whether `target` is `frame` or one of its callers."""
     while frame is not None:
@@ -158,18 +150,18 @@ def _on_stack(frame: Any, target: Any) -> bool:
 class _ThreadState:
     """One thread's place in the forward calls (slots: ~20 ns an access; threading.local: ~130 ns)."""
 
-    __slots__ = ("frame", "gmode", "idx", "pending", "rid", "root", "same", "t0")
+    __slots__ = ("end_hook", "frame", "gmode", "idx", "rid", "root", "same", "t0")
 
     def __init__(self) -> None:
         self.root: torch.nn.Module | None = None  # the module of the root call running, None between calls
-        self.same = 0  # how many times that module has called itself
-        self.gmode = False  # the global hooks follow this call (a root that could not be hooked)
-        self.pending: torch.nn.Module | None = None  # a root whose own pre hook may still run for this call
+        self.same = 0  # global mode: how many times that module has called itself
+        self.gmode = False  # hooks follow this call, not the slot (a root's first call, or one with no slot)
+        self.end_hook: Any = None  # handle of the root's own one-off forward hook that ends this call, if any
         self.rid = -1  # root id, forward index and start (monotonic) of that call
         self.idx = -1
         self.t0 = 0.0
-        # The root call's caller frame: gone from the stack once a BaseException (KeyboardInterrupt) ended
-        # the call without torch's always-call hooks, which catch Exception only.
+        # A global-mode call's caller frame: gone from the stack once a BaseException (KeyboardInterrupt)
+        # ended the call without torch's always-call hooks, which catch Exception only.
         self.frame: Any = None
 
 
@@ -206,15 +198,16 @@ class Recorder:
         self._gid = -1
         self._finder: Any = None
         self._armed = False
-        self._global_post: Any = None  # the global forward hook, while calls of unhooked roots run
+        self._global_post: Any = None  # the global forward hook, while calls of roots with no slot run
         self._gmode_calls = 0
-        self._unshared = False  # _hook_root just gave a shallow copy hook dicts of its own
-        # per root: has its own hooks (False: followed by the global hooks; None: not tried since install())
+        self._first_calls = 0  # calls the finder began, ended by their root's own one-off forward hook
+        self._end_hooks: set[Any] = set()  # those hooks' handles, removed by uninstall() if still there
+        # per root: has a slot (False: followed by the global hooks; None: not tried since install())
         self._hooked: list[bool | None] = []
-        self._root_hooks: list[tuple[weakref.ReferenceType[torch.nn.Module], tuple[Any, Any]]] = []
+        # (root, its slot, the compiled call the user had put there or None)
+        self._root_slots: list[tuple[weakref.ReferenceType[torch.nn.Module], Callable[..., Any], Any]] = []
         # Threads that have called a module since install(), with their state (the flush thread reads it).
         self._callers: dict[int, _ThreadState] = {}
-        self._suspect_dead = False  # the flush thread found a root call a BaseException ended
         self._multi = False
         # Threads alive at install() (with phasescope's flush thread): while no more run and one thread has
         # called modules, no other thread can call one during a root call, so the finder may leave the dict.
@@ -228,6 +221,9 @@ class Recorder:
         self._pid = os.getpid()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._find_root_eager = torch.compiler.disable(self._find_root)
+        self._global_end_eager = torch.compiler.disable(self._global_end)
+        self._own_end_eager = torch.compiler.disable(self._own_end)
 
     # ----- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -264,16 +260,19 @@ class Recorder:
         if self._global_post is not None:
             self._global_post.remove()
             self._global_post = None
-        self._gmode_calls = 0
-        for ref, handles in self._root_hooks:
+        self._gmode_calls = self._first_calls = 0
+        for handle in list(self._end_hooks):
+            handle.remove()
+        self._end_hooks.clear()
+        for ref, slot, users in self._root_slots:
             module = ref()
-            if module is not None:
-                for h in handles:
-                    h.remove()
-                _restore_hook_dicts(module)
-            _OWN_HOOK_IDS.difference_update(h.id for h in handles)
-        self._root_hooks = []
-        self._hooked = [None] * len(self._hooked)  # a later install() hooks the roots again
+            if module is not None and module.__dict__.get("_compiled_call_impl") is slot:
+                if users is None:
+                    del module.__dict__["_compiled_call_impl"]
+                else:
+                    module.__dict__["_compiled_call_impl"] = users
+        self._root_slots = []
+        self._hooked = [None] * len(self._hooked)  # a later install() gives the roots slots again
         self._reset_threads()
         self._stop.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
@@ -299,9 +298,8 @@ class Recorder:
         self._arm()
 
     # ----- forward ------------------------------------------------------------------------------
-    # Per thread, a _ThreadState says which root call runs. Nothing is added to or removed from a module's
-    # hook dicts while it runs (roots are hooked once, under a lock, the first time they are seen), so
-    # threads calling one model at once cannot race on them.
+    # Per thread, a _ThreadState says which root call runs. A root's slot is set once, under a lock, the
+    # first time the root is seen, so threads calling one model at once cannot race on it.
     def _init_thread(self) -> _ThreadState:
         st = self._tl.st = _ThreadState()
         with self._lock:
@@ -311,151 +309,147 @@ class Recorder:
 
     @staticmethod
     def _alive(st: _ThreadState) -> bool:
-        """Whether this thread's root call is still running: its caller frame is on the current stack."""
+        """Whether this thread's global-mode root call runs: its caller frame is on the current stack."""
         return st.frame is None or _on_stack(sys._getframe(2), st.frame)
 
     def _drop_dead_call(self, st: _ThreadState) -> None:
-        """Forget a root call a BaseException ended without its forward hook; watch for new roots again."""
-        if st.gmode:
-            with self._lock:
-                self._gmode_calls = max(0, self._gmode_calls - 1)
-        st.root = st.pending = st.frame = None
+        """Forget a hooks-followed root call a BaseException ended without torch's always-called hooks."""
+        self._hooks_done(st)
+        st.root = st.frame = None
         st.same = 0
         st.gmode = False
-        self._suspect_dead = False
-        self._arm()
 
     def _arm(self) -> None:
         if self._gdict is not None and self._armed:
             self._gdict[self._gid] = self._finder
 
     def _find_root(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        """Global pre hook: in torch's dict only between root calls (or always, once two threads call)."""
-        rid = self._roots.get(id(module))
-        hooked = None if rid is None or self._root_refs[rid]() is not module else self._hooked[rid]
-        if hooked and not self._multi:
-            return  # a known root with its own hooks: its pre hook, next in this call, begins it (one thread)
+        """Global pre hook: in torch's dict between root calls (always, once two threads call modules). It
+        sees a root's first call, and calls of roots that have no slot (global mode)."""
+        if is_compiling():
+            # In code torch.compile traces, the finder runs for real (a graph break) where a root call may
+            # begin; inside a call it began, or with two threads (where it sees every module call), it is a
+            # no-op, so the model's graph stays whole.
+            if self._first_calls or self._multi:
+                return None
+            return self._find_root_eager(module, args)
         try:
             st = self._tl.st
         except AttributeError:
             st = self._init_thread()
         root = st.root
-        # A nested call: the finder is in torch's dict in a root call only with 2 threads or unhooked roots.
         if root is not None:
-            if root is not module or not st.gmode:
-                # A nested call; or, once the flush thread saw a dead call, maybe a new root after Ctrl-C.
-                if not self._suspect_dead:
-                    return
-                if self._alive(st):
-                    self._suspect_dead = False  # a wrong guess: this thread's call runs (one-thread mode)
-                    return
-            elif self._alive(st):  # a root module calling itself
-                st.same += 1
+            if not st.gmode:
+                return  # nested in a slot call (the finder is in during one only with two threads)
+            # Nested in a global-mode call, unless a BaseException ended that one (the stack walk runs in
+            # global mode only: a root's first call, and roots with no slot).
+            if self._alive(st):
+                if root is module:
+                    st.same += 1  # a root module calling itself
                 return
             self._drop_dead_call(st)
         if self._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
             return
-        fresh = unshared = False
-        if rid is None or hooked is None:
+        rid = self._roots.get(id(module))
+        if rid is None or self._root_refs[rid]() is not module or self._hooked[rid] is None:
             with self._lock:  # two threads meeting a new root at once must not both register it
                 rid = self._roots.get(id(module))
                 if rid is None or self._root_refs[rid]() is not module:
                     rid = self._new_root(module)
-                    fresh = True
                 elif self._hooked[rid] is None:  # seen under an earlier install()
-                    self._hooked[rid] = self._hook_root(module, rid)
-                    fresh = True
-                hooked = self._hooked[rid]
-                unshared, self._unshared = self._unshared, False
-        self._root_pre(rid, module, args, not hooked, sys._getframe(1))
-        # Its own pre hook runs next in this call, unless another thread hooked it between torch reading the
-        # hook dicts and this hook running; or the pre hook of the module a copy shared its dicts with does.
-        if hooked and (not fresh or unshared):
-            st.pending = module
+                    self._hooked[rid] = self._slot_root(module, rid)
+        # This call is already inside torch's _call_impl, so hooks follow it: the root's own one-off forward
+        # hook if it has a slot (its next calls go through the slot, unless it is bypassed: a subclass's own
+        # __call__, code torch.compile traces), else the global forward hook.
+        self._begin(st, module, rid, True, _hook_caller(sys._getframe(1)))
 
-    def _root_pre(self, rid: int, module: torch.nn.Module, args: tuple[Any, ...],
-                  gmode: bool = False, caller: Any = None) -> None:
-        """A root's own forward pre hook: the common way a root call begins (one Python frame: the hook code
-        runs with cold caches after the model's kernels, so each frame costs several times its hot cost)."""
-        try:
-            st = self._tl.st
-        except AttributeError:
-            st = self._init_thread()
-        root = st.root
-        if root is not None:
-            if root is module and st.pending is module:  # the finder already began this call
-                st.pending = None
-                return
-            # A root module calling itself, or a hooked root nested in another root call (rare paths: the
-            # stack walk runs once per such call, not per submodule).
-            if self._alive(st):
-                if root is module:
-                    st.same += 1
-                return
-            self._drop_dead_call(st)
-        if self._in_bwd:
-            return
-        idx = next(self._fwd_ids)  # itertools.count: atomic under the GIL, unique across threads
+    def _begin(self, st: _ThreadState, module: torch.nn.Module, rid: int, gmode: bool,
+               caller: Any = None) -> None:
+        """Begin a root call: its start time now, its one row when it ends."""
         st.root = module
         st.same = 0
         st.gmode = gmode
         st.rid = rid
-        st.idx = idx
-        st.frame = caller if caller is not None else sys._getframe(1)
-        if gmode:  # the global forward hook is in torch's dict only while such calls run
-            with self._lock:
-                self._gmode_calls += 1
-                if self._global_post is None:
-                    self._global_post = nn_module.register_module_forward_hook(
-                        self._global_end, with_kwargs=True, always_call=True)
+        st.idx = next(self._fwd_ids)  # itertools.count: atomic under the GIL, unique across threads
+        if gmode:
+            st.frame = caller
+            if self._hooked[rid]:  # one module hook, not a global one: other modules' calls stay hook-free
+                st.end_hook = module.register_forward_hook(self._own_end_eager, with_kwargs=True,
+                                                           always_call=True)
+                with self._lock:
+                    self._first_calls += 1
+                    self._end_hooks.add(st.end_hook)
+            else:  # the global forward hook is in torch's dict only while such calls run
+                with self._lock:
+                    self._gmode_calls += 1
+                    if self._global_post is None:
+                        self._global_post = nn_module.register_module_forward_hook(
+                            self._global_end, with_kwargs=True, always_call=True)
         elif not self._multi and self._gdict is not None and len(_LIMBO) + len(_ACTIVE) <= self._threads0:
-            self._gdict.pop(self._gid, None)  # submodules of this call take torch's fast path
+            self._gdict.pop(self._gid, None)  # all module calls inside this one take torch's fast path
         if self._unsampled and rid in self._unsampled and self._saved_ctx is None and is_grad_enabled():
             with self._lock:  # one sample at a time, in one thread
                 if self._saved_ctx is None and rid in self._unsampled:
                     self._start_saved_sample(rid)
-        st.t0 = monotonic()  # the call's one row is written when it ends
+        st.t0 = monotonic()
 
     def _global_end(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs_or_out: Any,
                     out: Any = _RAISED) -> None:
-        """Global forward hook, registered only while calls of roots that could not be hooked run."""
+        """Global forward hook, registered only while global-mode root calls run."""
         # torch calls (module, args, kwargs, out) normally and (module, args, None) when the forward raised.
+        if is_compiling():
+            return self._global_end_eager(module, args, kwargs_or_out, out)
         try:
             st = self._tl.st
         except AttributeError:
             return
-        if st.root is not module or not st.gmode:
+        if st.root is not module or not st.gmode or st.end_hook is not None:
             return
-        self._root_post(module, args, None if out is _RAISED else kwargs_or_out, out, True)
-        if st.root is None:  # ended (not the root returning from calling itself)
-            with self._lock:
-                self._gmode_calls = max(0, self._gmode_calls - 1)
-                if not self._gmode_calls and self._global_post is not None:
-                    self._global_post.remove()
-                    self._global_post = None
+        self._hooks_end(st, module, args, kwargs_or_out, out)
 
-    def _root_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any, out: Any = _RAISED,
-                   gmode: bool = False) -> None:
-        """A root's own forward hook (always_call, with kwargs): ends the root call and writes its row."""
+    def _own_end(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs_or_out: Any,
+                 out: Any = _RAISED) -> None:
+        """A root's own one-off forward hook: ends the call the finder began (every call of that module runs
+        it while it is there, in any thread)."""
         try:
             st = self._tl.st
         except AttributeError:
             return
-        if st.root is not module or st.gmode is not gmode:  # a nested call, or not this thread's root
+        if st.root is not module or st.end_hook is None:
             return
-        t = monotonic()
-        if st.same:
+        if out is None and sys.exc_info()[0] is not None:
+            out = _RAISED  # torch's exception path passes result=None to a module's own hooks
+        self._hooks_end(st, module, args, kwargs_or_out, out)
+
+    def _hooks_end(self, st: _ThreadState, module: torch.nn.Module, args: tuple[Any, ...],
+                   kwargs_or_out: Any, out: Any) -> None:
+        if st.same:  # the root returning from calling itself
             st.same -= 1
             return
-        st.root = st.pending = st.frame = None  # the frame holds the call's inputs and outputs
-        rid = st.rid
-        idx = st.idx
-        if out is None and not gmode and sys.exc_info()[0] is not None:
-            out = _RAISED  # torch's exception path passes result=None to a module's own hooks
-        flags = 0
-        if out is _RAISED:
-            out = None
-            flags = _RAISED_FLAG
+        raised = out is _RAISED
+        self._end(st, module, args, None if raised else kwargs_or_out, None if raised else out, raised)
+        self._hooks_done(st)
+
+    def _hooks_done(self, st: _ThreadState) -> None:
+        """A hooks-followed call ended: its own forward hook goes; the global one after the last such call."""
+        with self._lock:
+            if st.end_hook is not None:
+                st.end_hook.remove()
+                self._end_hooks.discard(st.end_hook)
+                st.end_hook = None
+                self._first_calls = max(0, self._first_calls - 1)
+                return
+            self._gmode_calls = max(0, self._gmode_calls - 1)
+            if not self._gmode_calls and self._global_post is not None:
+                self._global_post.remove()
+                self._global_post = None
+
+    def _end(self, st: _ThreadState, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any, out: Any,
+             raised: bool) -> None:
+        """End this thread's root call and write its row (what it read, the grad state, whether it raised)."""
+        t = monotonic()
+        st.root = st.frame = None  # the frame holds the call's inputs and outputs
+        flags = _RAISED_FLAG if raised else 0
         batch = seq = 0
         x = args[0] if args and type(args[0]) is Tensor else _first_tensor(args, kwargs)
         if x is not None:
@@ -471,7 +465,7 @@ class Recorder:
                 node = _graph_of(out)
                 if node is not None:
                     flags |= _HAS_GRAPH
-                    node.register_prehook(partial(self._on_backward, idx))
+                    node.register_prehook(partial(self._on_backward, st.idx))
         if is_inference_mode_enabled():
             flags |= _INFERENCE_MODE
         if module.training:
@@ -480,31 +474,20 @@ class Recorder:
             self._end_saved_sample()
         if self._gdict is not None and self._armed:
             self._gdict[self._gid] = self._finder  # between root calls, the finder looks for new roots
-        self._emit((_FWD, st.t0, rid, idx, batch, seq, flags, t))
+        self._emit((_FWD, st.t0, st.rid, st.idx, batch, seq, flags, t))
 
-    def _hook_root(self, module: torch.nn.Module, rid: int) -> bool:
-        """Give a root its own pre and forward hooks; False (global mode) where that cannot be done."""
+    def _slot_root(self, module: torch.nn.Module, rid: int) -> bool:
+        """Put a root's slot in place; False (global mode) where it cannot have one."""
+        if not _HAS_SLOT or isinstance(module, torch.jit.ScriptModule):
+            return False
         d = module.__dict__
-        dicts = [d.get(name) for name in _HOOK_DICTS]
-        # This module holds no hooks of ours yet, so ids of ours in its dicts are another module's: a shallow
-        # copy (copy.copy) shares its original's dicts. With only ours in them it gets fresh dicts of its own.
-        if dicts[0] and all(type(x) is _HookDict and _OWN_HOOK_IDS.issuperset(x) for x in dicts):
-            dicts = [None] * len(dicts)
-            self._unshared = True  # torch already read the shared pre hook dict for this call
-        # A dict that already holds the user's hooks is not replaced: their handles point at it. An empty one
-        # is (a handle of an entry that is gone has nothing to remove), whatever its type.
-        if not all(x is None or type(x) is _HookDict or (isinstance(x, dict) and not x) for x in dicts):
-            return False
-        for name, x in zip(_HOOK_DICTS, dicts, strict=True):
-            if type(x) is not _HookDict:
-                d[name] = _HookDict()
-        try:
-            pre = module.register_forward_pre_hook(partial(self._root_pre, rid))
-            post = module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True)
-        except Exception:  # e.g. a scripted module: follow it with the global hooks
-            return False
-        _OWN_HOOK_IDS.update((pre.id, post.id))
-        self._root_hooks.append((weakref.ref(module), (pre, post)))
+        current = d.get("_compiled_call_impl")
+        if current is not None and getattr(current, "__code__", None) is _SLOT_CODE:
+            current = None  # a slot in a copy of another module's __dict__ (a replica's): replaced
+        # A module the user compiled (`Module.compile()`): the slot calls its compiled call, and puts it back.
+        inner = module._call_impl if current is None else current
+        d["_compiled_call_impl"] = slot = _slot(self, module, rid, inner)
+        self._root_slots.append((weakref.ref(module), slot, current))
         return True
 
     def _new_root(self, module: torch.nn.Module) -> int:
@@ -525,7 +508,7 @@ class Recorder:
                            "mode_sensitive_layers": sensitive, "saved_bytes": None})
         self._unsampled.add(rid)
         self._root_refs.append(weakref.ref(module))
-        self._hooked.append(self._hook_root(module, rid))
+        self._hooked.append(self._slot_root(module, rid))
         self._roots[id(module)] = rid  # published last: lock-free readers in other threads see it whole
         if device is not None and device.type == "cuda" and self.device is None:
             with contextlib.suppress(Exception):
@@ -707,32 +690,72 @@ class Recorder:
                 self._seq += 1
                 self._wrote = True
 
-    def _rearm_after_dead_calls(self) -> None:
-        """Put the finder back when a thread's root call was ended by a BaseException (Ctrl-C in a notebook).
-
-        No hook of ours runs on that path (torch's always-call hooks catch Exception only), so until the next
-        call of a known root the finder stayed out of torch's dict and calls of new models went unrecorded.
-        Run from the flush thread: a call whose caller frame is no longer on its thread's stack is over. A
-        wrong guess only leaves the finder in for one call, which costs time, not exactness (two-thread mode
-        keeps it in all the time); the thread's own next root call drops the dead call's state as before.
-        """
-        if self._gdict is None or not self._armed or self._gid in self._gdict:
+    def _remove_dead_end_hooks(self) -> None:
+        """Take a root's one-off forward hook off it when a BaseException (Ctrl-C) ended the call it was to
+        end: until the thread's next module call drops that call, the hook would stay in the module's dict,
+        where `torch.save(model)` would meet it. Run from the flush thread; it only removes the handle
+        (idempotent), the thread's own next call forgets the call."""
+        if not self._end_hooks:
             return
         frames = sys._current_frames()
         for tid, st in list(self._callers.items()):
-            target = st.frame
-            if target is None:
-                continue
-            if not _on_stack(frames.get(tid), target) and st.frame is target:
-                self._suspect_dead = True  # the finder, back in, checks liveness on its next stale root
-                self._arm()
-                return
+            handle, frame = st.end_hook, st.frame
+            if handle is not None and frame is not None and not _on_stack(frames.get(tid), frame):
+                handle.remove()
 
     def _flush_loop(self) -> None:
         stop = self._stop
         while not stop.wait(self.flush_s):
-            self._rearm_after_dead_calls()
+            self._remove_dead_end_hooks()
             if self.events_dir is None:
                 self.buffer.compact()
             else:
                 self.flush()
+
+
+def _slot(rec: Recorder, module: torch.nn.Module, rid: int,
+          call_impl: Callable[..., Any]) -> Callable[..., Any]:
+    """A root's slot: its `_compiled_call_impl`, which `Module.compile()` also uses. torch's `__call__` calls
+    it before `_call_impl` looks at any hook, so the slot can take the finder out of torch's global dict for
+    the call: the root and every module inside it take `_call_impl`'s fast path, and the root call costs
+    three short Python frames instead of torch's hook dispatch (which costs ~10 us a call on a CPU, with
+    cold caches after the model's kernels; docs/BENCHMARKS.md). A BaseException (Ctrl-C) ending the call
+    passes through here, so the call's end is always seen. `Module.__getstate__` drops the slot: `torch.save`,
+    pickle, `copy.copy` and `copy.deepcopy` never carry it. A copy of the module's `__dict__` made another way
+    (a DataParallel replica, a parametrized module's deepcopy) shares it, so the slot checks which module
+    torch's `__call__` was called on (~0.2 us): such a copy runs as itself, and the finder gives it a slot."""
+    getframe = sys._getframe
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():  # torch.compile tracing a compiled model that holds this root
+            return call_impl(*args, **kwargs)
+        me = getframe(1).f_locals.get("self", module)  # the module torch's __call__ was called on
+        if me is not module and isinstance(me, torch.nn.Module):
+            return me._call_impl(*args, **kwargs)  # a module holding a copy of this one's __dict__
+        try:
+            st = rec._tl.st
+        except AttributeError:
+            st = rec._init_thread()
+        if st.root is not None:
+            if not st.gmode or rec._alive(st):
+                return call_impl(*args, **kwargs)  # nested in a root call, or this root calling itself
+            rec._drop_dead_call(st)
+        if rec._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
+            return call_impl(*args, **kwargs)
+        rec._begin(st, module, rid, False)
+        try:
+            out = call_impl(*args, **kwargs)
+        except BaseException:
+            rec._end(st, module, args, kwargs, None, True)
+            raise
+        rec._end(st, module, args, kwargs, out, False)
+        return out
+
+    return call
+
+
+# The code of every slot: a `_compiled_call_impl` that is not a slot (the user's compile()) is left alone.
+_SLOT_CODE = next(c for c in _slot.__code__.co_consts if isinstance(c, types.CodeType))
+# torch's __call__ looks at the slot first (torch >= 2.2); without it, roots are followed by global hooks.
+_HAS_SLOT = (torch.nn.Module.__dict__.get("_compiled_call_impl", False) is None
+             and torch.nn.Module.__call__ is getattr(torch.nn.Module, "_wrapped_call_impl", None))
