@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -830,3 +831,48 @@ def test_compiled_models_are_recorded_and_stay_compiled(how: str) -> None:
         assert tl.f_trained.all() and tl.steps == 6
     if how == "Module.compile":  # uninstall() gave the user's compiled call back
         assert _slot_of(model) is not None and "_slot" not in getattr(_slot_of(model), "__qualname__", "")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_records_its_own_calls_while_a_parent_thread_is_in_a_first_call() -> None:
+    """At a fork another thread may be inside a root's first call (its one-off end hook on the module, the
+    lock maybe held): the child starts clean and records its own calls."""
+    inside, release = threading.Event(), threading.Event()
+
+    class Waits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside.set()
+            release.wait(5.0)
+            return self.lin(x)
+
+    slow = Waits()
+    read, write = os.pipe()
+    with recording() as rec, torch.no_grad():
+        t = threading.Thread(target=lambda: slow(torch.randn(1, 8)))
+        t.start()
+        try:
+            assert inside.wait(5.0) and slow._forward_hooks  # its first call, with its one-off end hook
+            pid = os.fork()
+            if pid == 0:  # the child: report, then leave without running the parent's atexit or pytest
+                ok = False
+                try:
+                    clean = rec._first_calls == 0 and not slow._forward_hooks
+                    model = mlp()
+                    for _ in range(3):
+                        model(torch.randn(2, 8))
+                    ok = clean and timeline(rec).f_batch.tolist() == [2, 2, 2]
+                finally:
+                    os.write(write, b"ok" if ok else b"no")
+                    os._exit(0)
+            os.close(write)
+            answer = os.read(read, 2)
+            os.waitpid(pid, 0)
+        finally:
+            release.set()
+            t.join()
+    assert answer == b"ok"
+    assert timeline(rec).f_batch.tolist() == [1]  # the parent's call, ended in the parent

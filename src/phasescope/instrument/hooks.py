@@ -295,6 +295,11 @@ class Recorder:
         self._pid = os.getpid()
         self.events_dir = None
         self._reset_threads()
+        self._lock = threading.Lock()  # another parent thread may have held it at the fork
+        for handle in self._end_hooks:  # first calls running in other parent threads do not run here
+            handle.remove()
+        self._end_hooks.clear()
+        self._first_calls = 0
         self._arm()
 
     # ----- forward ------------------------------------------------------------------------------
