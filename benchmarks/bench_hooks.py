@@ -3,8 +3,8 @@
 Two workloads on the CPU, single-threaded: a training step of a small transformer LM (~10 ms: forward,
 backward, AdamW step) and an inference call of an MLP under inference_mode (~1 ms). Modes: plain, phasescope's
 hooks, torch.profiler, and two no-op global module hooks (what torch charges for any global module hook: every
-module call takes `_call_impl`'s slow path; phasescope keeps its global hook out of torch's dict during root
-calls, so only the root pays for hooks). `--compare-with FILE` adds another version of
+module call takes `_call_impl`'s slow path; phasescope's root slot keeps its global hook out of torch's dict
+during root calls, so no module call pays for hooks). `--compare-with FILE` adds another version of
 phasescope/instrument/hooks.py as a fifth mode, e.g. the committed one
 (`git show HEAD:src/phasescope/instrument/hooks.py > /tmp/old/hooks.py`; with an events.py in the same folder,
 `git show HEAD:src/phasescope/instrument/events.py > /tmp/old/events.py`, that copy writes its own event
@@ -20,10 +20,13 @@ script also prints a model of the overhead: the hooks' cost per module call (roo
 nn.Identity over many calls) times the module calls each workload makes, over its plain time.
 The hooks' one-off FLOP and memory sample is taken during warm-up, as it would be early in a real run.
 
-A mode that could not hook a root (its hook dicts were left by another version) is named in a warning.
-`--floors REPS` instead times the inference call with phasescope's hooks against root mode's bare structure
-(the same three hooks doing nothing, then writing one event row per call as phasescope does, or two as its
-version 1 event format did), to split the cost between torch's dispatch of the hooks and the hooks' own work.
+A mode that followed a root with the global hooks only (no slot, or another version's hook dicts on it) is
+named in a warning.
+`--floors REPS` instead times the inference call with phasescope's hooks against bare structures: the slot
+phasescope uses (a `_compiled_call_impl` that takes the finder out of torch's dict and calls `_call_impl`,
+doing nothing else, or also writing one event row), and the hook structure phasescope used before it (a
+finder leaving the dict plus the root's own pre and forward hooks, doing nothing, or writing one row), to
+split the cost between getting control around the call and the hooks' own work.
 
     .venv/bin/python benchmarks/bench_hooks.py [--reps 15] [--block 20] [--fine-reps 400]
         [--compare-with FILE] [--floors REPS]
@@ -91,7 +94,7 @@ def inference_workload() -> tuple[nn.Module, Callable[[], None]]:
 
 
 def block(fn: Callable[[], None], n: int) -> float:
-    # One untimed call first, in every mode: the hooks' first call after install() re-hooks the root (~30 us),
+    # One untimed call first, in every mode: the hooks' first call after install() re-slots the root (~30 us),
     # a cost a real run pays once, not once per block.
     fn()
     t = time.thread_time()
@@ -287,12 +290,11 @@ def measure(name: str, fn: Callable[[], None], reps: int, n: int, rec: Recorder,
             "model": model}
 
 
-def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None,
-                    two_rows: bool = False) -> Callable[[], None]:
-    """Root mode's structure with hooks that do (almost) nothing: a global pre hook that leaves torch's dict
-    during the root call, the root's own pre hook and its own always-called forward hook (3 Python frames per
-    root call). With `rows`, the pre hook takes the start time and the forward hook appends one event row,
-    as phasescope's do; `two_rows`: each appends a row (the version 1 event format)."""
+def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None) -> Callable[[], None]:
+    """The hook structure phasescope used before its slot, doing (almost) nothing: a global pre hook that
+    leaves torch's dict during the root call, the root's own pre hook and its own always-called forward hook
+    (3 Python frames per root call). With `rows`, the pre hook takes the start time and the forward hook
+    appends one event row."""
     gdict = torch.nn.modules.module._global_forward_pre_hooks
     now = time.monotonic
     start = [0.0]
@@ -306,17 +308,11 @@ def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None,
 
     def pre(m: nn.Module, a: object) -> None:
         if rows is not None:
-            if two_rows:
-                rows.append((1.0, now(), 0, 1, 0.0, 0.0, 0.0))
-            else:
-                start[0] = now()
+            start[0] = now()
 
     def post(m: nn.Module, a: object, k: object, o: object = None) -> None:
         if rows is not None:
-            if two_rows:
-                rows.append((2.0, now(), 0, 1, 96, 0, 3))
-            else:
-                rows.append((10.0, start[0], 0, 1, 96, 0, 3, now()))
+            rows.append((10.0, start[0], 0, 1, 96, 0, 3, now()))
         gdict[gid] = hook
 
     own = [model.register_forward_pre_hook(pre),
@@ -326,6 +322,35 @@ def _noop_root_mode(model: nn.Module, rows: list[tuple[float, ...]] | None,
         for h in own:
             h.remove()
         gdict.pop(gid, None)
+
+    return remove
+
+
+def _noop_slot(model: nn.Module, rows: list[tuple[float, ...]] | None) -> Callable[[], None]:
+    """phasescope's slot with nothing in it: a finder in torch's global dict between calls, taken out by the
+    root's `_compiled_call_impl` around its `_call_impl` (with `rows`: start and end times, one row)."""
+    gdict = torch.nn.modules.module._global_forward_pre_hooks
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None)
+    gid = handle.id
+    finder = gdict[gid]
+    call_impl = model._call_impl
+    now = time.monotonic
+
+    def slot(*args: Any, **kwargs: Any) -> Any:
+        gdict.pop(gid, None)
+        t0 = now() if rows is not None else 0.0
+        try:
+            return call_impl(*args, **kwargs)
+        finally:
+            if rows is not None:
+                rows.append((10.0, t0, 0, 1, 96, 0, 3, now()))
+            gdict[gid] = finder
+
+    model.__dict__["_compiled_call_impl"] = slot
+
+    def remove() -> None:
+        del model.__dict__["_compiled_call_impl"]
+        handle.remove()
 
     return remove
 
@@ -347,9 +372,10 @@ def floors(reps: int, rng: random.Random) -> None:
     setups: dict[str, Callable[[], Callable[[], None]]] = {
         "plain": lambda: lambda: None,
         "phasescope": hooks,
-        "3 no-op frames": lambda: _noop_root_mode(model, None),
-        "3 no-op frames + 1 row": lambda: _noop_root_mode(model, rows),
-        "3 no-op frames + 2 rows (version 1 format)": lambda: _noop_root_mode(model, rows, two_rows=True),
+        "no-op slot": lambda: _noop_slot(model, None),
+        "no-op slot + 1 row": lambda: _noop_slot(model, rows),
+        "hooks before the slot: 3 no-op frames": lambda: _noop_root_mode(model, None),
+        "hooks before the slot: 3 no-op frames + 1 row": lambda: _noop_root_mode(model, rows),
     }
     times: dict[str, list[float]] = {m: [] for m in setups}
     for _ in range(reps):

@@ -28,7 +28,6 @@ import itertools
 import os
 import sys
 import threading
-import types
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -154,13 +153,13 @@ class _ThreadState:
 
     def __init__(self) -> None:
         self.root: torch.nn.Module | None = None  # the module of the root call running, None between calls
-        self.same = 0  # global mode: how many times that module has called itself
+        self.same = 0  # a hooks-followed call: how many times that module has called itself
         self.gmode = False  # hooks follow this call, not the slot (a root's first call, or one with no slot)
         self.end_hook: Any = None  # handle of the root's own one-off forward hook that ends this call, if any
         self.rid = -1  # root id, forward index and start (monotonic) of that call
         self.idx = -1
         self.t0 = 0.0
-        # A global-mode call's caller frame: gone from the stack once a BaseException (KeyboardInterrupt)
+        # A hooks-followed call's caller frame: gone from the stack once a BaseException (KeyboardInterrupt)
         # ended the call without torch's always-call hooks, which catch Exception only.
         self.frame: Any = None
 
@@ -205,7 +204,7 @@ class Recorder:
         # per root: has a slot (False: followed by the global hooks; None: not tried since install())
         self._hooked: list[bool | None] = []
         # (root, its slot, the compiled call the user had put there or None)
-        self._root_slots: list[tuple[weakref.ReferenceType[torch.nn.Module], Callable[..., Any], Any]] = []
+        self._root_slots: list[tuple[weakref.ReferenceType[torch.nn.Module], _Slot, Any]] = []
         # Threads that have called a module since install(), with their state (the flush thread reads it).
         self._callers: dict[int, _ThreadState] = {}
         self._multi = False
@@ -487,11 +486,11 @@ class Recorder:
             return False
         d = module.__dict__
         current = d.get("_compiled_call_impl")
-        if current is not None and getattr(current, "__code__", None) is _SLOT_CODE:
+        if isinstance(current, _Slot):
             current = None  # a slot in a copy of another module's __dict__ (a replica's): replaced
         # A module the user compiled (`Module.compile()`): the slot calls its compiled call, and puts it back.
         inner = module._call_impl if current is None else current
-        d["_compiled_call_impl"] = slot = _slot(self, module, rid, inner)
+        d["_compiled_call_impl"] = slot = _Slot(self, module, rid, inner)
         self._root_slots.append((weakref.ref(module), slot, current))
         return True
 
@@ -718,36 +717,50 @@ class Recorder:
                 self.flush()
 
 
-def _slot(rec: Recorder, module: torch.nn.Module, rid: int,
-          call_impl: Callable[..., Any]) -> Callable[..., Any]:
+class _Slot:
     """A root's slot: its `_compiled_call_impl`, which `Module.compile()` also uses. torch's `__call__` calls
     it before `_call_impl` looks at any hook, so the slot can take the finder out of torch's global dict for
-    the call: the root and every module inside it take `_call_impl`'s fast path, and the root call costs
-    three short Python frames instead of torch's hook dispatch (which costs ~10 us a call on a CPU, with
-    cold caches after the model's kernels; docs/BENCHMARKS.md). A BaseException (Ctrl-C) ending the call
-    passes through here, so the call's end is always seen. `Module.__getstate__` drops the slot: `torch.save`,
-    pickle, `copy.copy` and `copy.deepcopy` never carry it. A copy of the module's `__dict__` made another way
-    (a DataParallel replica, a parametrized module's deepcopy) shares it, so the slot checks which module
-    torch's `__call__` was called on (~0.2 us): such a copy runs as itself, and the finder gives it a slot."""
-    getframe = sys._getframe
+    the call: the root and every module inside it take `_call_impl`'s fast path, instead of torch's hook
+    dispatch (several us a call on a CPU, with cold caches after the model's kernels; docs/BENCHMARKS.md).
+    A BaseException (Ctrl-C) ending the call passes through here, so the call's end is always seen.
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    Copies: `Module.__getstate__` drops the slot, so `torch.save`, pickle, `copy.copy` and `copy.deepcopy` of
+    a module never carry it; a deep copy of the module's `__dict__` itself (a parametrized module's deepcopy)
+    holds None in its place. A shallow copy of that `__dict__` (a DataParallel replica) shares it: replicas
+    run in DataParallel's worker threads, so once other threads call modules the slot checks which module
+    torch's `__call__` was called on (~0.2 us) and lets a replica run as itself (the finder then gives it a
+    slot of its own); one thread alone calls the original's `_call_impl` for such a copy."""
+
+    __slots__ = ("call_impl", "module", "rec", "rid")
+
+    def __init__(self, rec: Recorder, module: torch.nn.Module, rid: int,
+                 call_impl: Callable[..., Any]) -> None:
+        self.rec = rec
+        self.module = module
+        self.rid = rid
+        self.call_impl = call_impl  # the module's _call_impl, or the compiled call the user put in the slot
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call_impl = self.call_impl
         if is_compiling():  # torch.compile tracing a compiled model that holds this root
             return call_impl(*args, **kwargs)
-        me = getframe(1).f_locals.get("self", module)  # the module torch's __call__ was called on
-        if me is not module and isinstance(me, torch.nn.Module):
-            return me._call_impl(*args, **kwargs)  # a module holding a copy of this one's __dict__
+        rec = self.rec
+        module = self.module
         try:
             st = rec._tl.st
         except AttributeError:
             st = rec._init_thread()
+        if rec._multi:
+            me = sys._getframe(1).f_locals.get("self", module)  # the module torch's __call__ was called on
+            if me is not module and isinstance(me, torch.nn.Module):
+                return me._call_impl(*args, **kwargs)  # a module holding a copy of this one's __dict__
         if st.root is not None:
             if not st.gmode or rec._alive(st):
                 return call_impl(*args, **kwargs)  # nested in a root call, or this root calling itself
             rec._drop_dead_call(st)
         if rec._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
             return call_impl(*args, **kwargs)
-        rec._begin(st, module, rid, False)
+        rec._begin(st, module, self.rid, False)
         try:
             out = call_impl(*args, **kwargs)
         except BaseException:
@@ -756,11 +769,13 @@ def _slot(rec: Recorder, module: torch.nn.Module, rid: int,
         rec._end(st, module, args, kwargs, out, False)
         return out
 
-    return call
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None  # the copy is a module of its own: the finder gives it its own slot
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(None), ())  # a pickled __dict__ never carries phasescope objects
 
 
-# The code of every slot: a `_compiled_call_impl` that is not a slot (the user's compile()) is left alone.
-_SLOT_CODE = next(c for c in _slot.__code__.co_consts if isinstance(c, types.CodeType))
 # torch's __call__ looks at the slot first (torch >= 2.2); without it, roots are followed by global hooks.
 _HAS_SLOT = (torch.nn.Module.__dict__.get("_compiled_call_impl", False) is None
              and torch.nn.Module.__call__ is getattr(torch.nn.Module, "_wrapped_call_impl", None))
