@@ -356,7 +356,7 @@ def _noop_slot(model: nn.Module, rows: list[tuple[float, ...]] | None) -> Callab
 
 
 def floors(reps: int, rng: random.Random) -> None:
-    """Inference call only: phasescope's hooks against root mode's bare structure, paired, in one run."""
+    """Inference call only: phasescope's hooks against bare structures (the slot, the old hooks), paired."""
     model, call = inference_workload()
     rec = Recorder(None, flush_s=0)
     rec.install()
@@ -435,7 +435,7 @@ def main() -> None:
     ap.add_argument("--fine-reps", type=int, default=400,
                     help="repetitions of short (1/10) blocks for the paired fine figures (0: none)")
     ap.add_argument("--floors", type=int, default=0, metavar="REPS",
-                    help="only time the inference call against root mode's bare hook structure (REPS blocks)")
+                    help="only time the inference call against bare slot and hook structures (REPS blocks)")
     args = ap.parse_args()
     if args.floors:
         torch.manual_seed(0)

@@ -727,9 +727,9 @@ def test_uninstall_waits_for_the_flush_thread() -> None:
 
 
 def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_call(mode: str) -> None:
-    """A notebook: Ctrl-C ends a model's first forward (global mode: no hook of ours runs on the interrupt's
-    path), then the next cell builds and calls a new model. The finder sees the interrupted call's caller
-    frame off the stack, drops it, and records the new model's calls."""
+    """A notebook: Ctrl-C ends a model's first forward (followed by hooks: none of ours runs on the
+    interrupt's path), then the next cell builds and calls a new model. The finder sees the interrupted
+    call's caller frame off the stack, drops it, and records the new model's calls."""
 
     class Interrupted(nn.Module):
         def __init__(self) -> None:
