@@ -574,6 +574,20 @@ def test_lock_free_thread_count_is_threadings() -> None:
         t.join()
 
 
+class _Waits(nn.Module):
+    """Says it is inside its forward, then waits (at most 5 s) to be released."""
+
+    def __init__(self, inside: threading.Event, release: threading.Event) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.inside, self.release = inside, release
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inside.set()
+        self.release.wait(5.0)
+        return self.lin(x)
+
+
 @pytest.mark.parametrize("fallback", [False, True])
 def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward(
         fallback: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -586,17 +600,7 @@ def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward(
         monkeypatch.setattr(hooks, "_ACTIVE", {})
     inside, release = threading.Event(), threading.Event()
 
-    class Waits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            inside.set()
-            release.wait(1.0)
-            return self.lin(x)
-
-    slow, new = Waits(), nn.Sequential(nn.Linear(8, 3))
+    slow, new = _Waits(inside, release), nn.Sequential(nn.Linear(8, 3))
     with recording() as rec, torch.no_grad():
         t = threading.Thread(target=lambda: slow(torch.randn(1, 8)))
         t.start()
@@ -607,27 +611,29 @@ def test_new_model_in_one_thread_is_seen_while_another_is_in_a_forward(
         t.join()
     tl = timeline(rec)
     names = [rec.roots[r]["name"] for r in tl.f_root]
-    assert sorted(names) == ["Sequential"] * 3 + ["Waits"]
+    assert sorted(names) == ["Sequential"] * 3 + ["_Waits"]
     assert sorted(tl.f_batch.tolist()) == [1, 2, 2, 2]
+
+
+class _Interrupted(nn.Module):
+    """Ctrl-C in its forward while `boom` is set (module level: torch.save pickles it)."""
+
+    def __init__(self, boom: bool = True) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.boom = boom
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.boom:
+            raise KeyboardInterrupt
+        return self.lin(x)
 
 
 def test_keyboard_interrupt_in_a_forward_does_not_stop_recording(mode: str) -> None:
     """torch's always-call hooks catch Exception only. Through the slot, the interrupted call is seen ending
     (a raised row); in global mode no hook runs, so the call is found dead by its frame on the next call and
     leaves no row. Either way new roots are found again."""
-
-    class Interrupted(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
-            self.boom = False
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if self.boom:
-                raise KeyboardInterrupt
-            return self.lin(x)
-
-    model = Interrupted()
+    model = _Interrupted(boom=False)
     mm = torch.nn.modules.module
     spans = []  # (before, after) each call that leaves a row, to check each forward's own start and end
     with recording() as rec, torch.no_grad():
@@ -651,7 +657,7 @@ def test_keyboard_interrupt_in_a_forward_does_not_stop_recording(mode: str) -> N
         spans.append((t, monotonic()))
     tl = timeline(rec)
     interrupted = [1] if mode == "slot" else []
-    assert [rec.roots[r]["name"] for r in tl.f_root] == ["Interrupted"] * (4 + len(interrupted)) + ["Linear"]
+    assert [rec.roots[r]["name"] for r in tl.f_root] == ["_Interrupted"] * (4 + len(interrupted)) + ["Linear"]
     assert tl.f_batch.tolist() == [1, *interrupted, 2, 2, 2, 3]
     assert tl.flag(ev.RAISED).tolist() == [False, *[True for _ in interrupted], False, False, False, False]
     # The interrupted call's start does not leak into the next call's row.
@@ -730,20 +736,11 @@ def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_ca
     """A notebook: Ctrl-C ends a model's first forward (followed by hooks: none of ours runs on the
     interrupt's path), then the next cell builds and calls a new model. The finder sees the interrupted
     call's caller frame off the stack, drops it, and records the new model's calls."""
-
-    class Interrupted(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            raise KeyboardInterrupt
-
     mm = torch.nn.modules.module
     with recording() as rec, torch.no_grad():
         mlp()(torch.randn(1, 8))
         with pytest.raises(KeyboardInterrupt):
-            Interrupted()(torch.randn(1, 8))
+            _Interrupted()(torch.randn(1, 8))
         fresh = nn.Sequential(nn.Linear(8, 2))
         for _ in range(3):
             fresh(torch.randn(2, 8))
@@ -753,24 +750,10 @@ def test_after_a_keyboard_interrupt_a_new_model_is_found_without_a_known_root_ca
     assert tl.f_batch.tolist() == [1, 2, 2, 2]
 
 
-class _InterruptedOnce(nn.Module):
-    """Ctrl-C in its forward until `boom` is cleared (module level: torch.save pickles it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.boom = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.boom:
-            raise KeyboardInterrupt
-        return self.lin(x)
-
-
 def test_a_model_whose_first_forward_was_interrupted_still_saves(tmp_path: Any) -> None:
     """The first call is ended by the root's own one-off forward hook, which a KeyboardInterrupt skips: the
     flush thread takes it off, so `torch.save` never meets it; the model's next call is recorded."""
-    model = _InterruptedOnce()
+    model = _Interrupted()
     rec = Recorder(None, flush_s=0.01)
     rec.install()
     try:
@@ -840,7 +823,9 @@ def test_compiled_models_are_recorded_and_stay_compiled(how: str) -> None:
     if how == "compiled training step":
         assert tl.f_trained.all() and tl.steps == 6
     if how == "Module.compile":  # uninstall() gave the user's compiled call back
-        assert _slot_of(model) is not None and "_slot" not in getattr(_slot_of(model), "__qualname__", "")
+        from phasescope.instrument import hooks
+
+        assert _slot_of(model) is not None and not isinstance(_slot_of(model), hooks._Slot)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -849,17 +834,7 @@ def test_a_forked_child_records_its_own_calls_while_a_parent_thread_is_in_a_firs
     lock maybe held): the child starts clean and records its own calls."""
     inside, release = threading.Event(), threading.Event()
 
-    class Waits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            inside.set()
-            release.wait(5.0)
-            return self.lin(x)
-
-    slow = Waits()
+    slow = _Waits(inside, release)
     read, write = os.pipe()
     with recording() as rec, torch.no_grad():
         t = threading.Thread(target=lambda: slow(torch.randn(1, 8)))
