@@ -1,16 +1,16 @@
 """PyTorch hooks, mostly through supported APIs; they write rows into an EventBuffer and do O(1) work.
 
 - Roots (outermost module calls: one request, or one training forward). A global pre hook
-  (`register_module_forward_pre_hook`, the finder) sees a root's first call, follows that call with a global
-  forward hook (always_call), and gives the root a slot: its `_compiled_call_impl`, which torch's `__call__`
-  calls before `_call_impl` (the attribute `Module.compile()` sets; `_slot` below). The slot times each later
-  call and takes the finder out of torch's dict for it, so the root and every module inside it take
-  `_call_impl`'s fast path: any module hook, global or the root's own, sends a call through the slow one
-  (several us each on a CPU). The finder is back in torch's dict between root calls, so new roots are found.
-  Hook dicts are per-process, not per-thread: once a second thread calls modules, or more threads run than
-  at install(), the finder stays in so no thread can miss a new root. Roots that cannot have a slot (a
-  compiled or scripted module, a torch without the attribute) are followed by the global hooks on every
-  call ("global mode", slower).
+  (`register_module_forward_pre_hook`, the finder) sees a root's first call, which the root's own one-off
+  forward hook (always_call) ends, and gives the root a slot: its `_compiled_call_impl`, which torch's
+  `__call__` calls before `_call_impl` (the attribute `Module.compile()` sets; `_Slot` below; a compiled
+  call the user put there is called by the slot and given back). The slot times each later call. During a
+  root call the finder is out of torch's dict, so the root and every module inside it take `_call_impl`'s
+  fast path: any module hook, global or the root's own, sends a call through the slow one (several us each
+  on a CPU). The finder is back in torch's dict between root calls, so new roots are found. Hook dicts are
+  per-process, not per-thread: once a second thread calls modules, or more threads run than at install(),
+  the finder stays in so no thread can miss a new root. Roots that cannot have a slot (a ScriptModule, a
+  torch without the attribute) are followed by global hooks on every call ("global mode", slower).
 - The outermost forward's output `grad_fn.register_prehook(...)`: fires when a backward pass reaches that
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
@@ -29,7 +29,6 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from time import monotonic
@@ -52,6 +51,11 @@ is_inference_mode_enabled = torch.is_inference_mode_enabled
 # True while torch.compile traces: the slot then only calls through, and the global hooks run their eager
 # selves (torch.compiler.disable: a graph break around them, where they run; the model is still compiled).
 is_compiling = torch.compiler.is_compiling
+is_exporting = torch.compiler.is_exporting
+# The autograd node running in this thread, None outside backward: recomputation (activation checkpointing)
+# inside backward is not a new forward. Per thread, unlike a flag set by our backward hooks.
+_autograd_node = torch._C._current_autograd_node
+_tracing_state = torch._C._get_tracing_state  # set while torch.jit.trace runs the model: not a forward
 _MODULE_PY = nn_module.__file__
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32, torch.int16})
 
@@ -199,12 +203,13 @@ class Recorder:
         self._armed = False
         self._global_post: Any = None  # the global forward hook, while calls of roots with no slot run
         self._gmode_calls = 0
-        self._first_calls = 0  # calls the finder began, ended by their root's own one-off forward hook
-        self._end_hooks: set[Any] = set()  # those hooks' handles, removed by uninstall() if still there
+        # Handles of the one-off forward hooks that end the calls the finder began (a root's first call),
+        # removed by uninstall() if still there.
+        self._end_hooks: set[Any] = set()
         # per root: has a slot (False: followed by the global hooks; None: not tried since install())
         self._hooked: list[bool | None] = []
-        # (root, its slot, the compiled call the user had put there or None)
-        self._root_slots: list[tuple[weakref.ReferenceType[torch.nn.Module], _Slot, Any]] = []
+        # Roots given a slot (weak: a slot holds its module weakly too, so a model is freed when dropped).
+        self._root_slots: list[weakref.ReferenceType[torch.nn.Module]] = []
         # Threads that have called a module since install(), with their state (the flush thread reads it).
         self._callers: dict[int, _ThreadState] = {}
         self._multi = False
@@ -220,8 +225,9 @@ class Recorder:
         self._pid = os.getpid()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._find_root_eager = torch.compiler.disable(self._find_root)
-        self._global_end_eager = torch.compiler.disable(self._global_end)
+        # Hooks torch.compile meets in code it traces run for real (a graph break where they are called).
+        self._find_root_eager = torch.compiler.disable(self._find_root_body)
+        self._global_end_eager = torch.compiler.disable(self._global_end_body)
         self._own_end_eager = torch.compiler.disable(self._own_end)
 
     # ----- installation -------------------------------------------------------------------------
@@ -259,17 +265,18 @@ class Recorder:
         if self._global_post is not None:
             self._global_post.remove()
             self._global_post = None
-        self._gmode_calls = self._first_calls = 0
+        self._gmode_calls = 0
         for handle in list(self._end_hooks):
             handle.remove()
         self._end_hooks.clear()
-        for ref, slot, users in self._root_slots:
+        for ref in self._root_slots:
             module = ref()
-            if module is not None and module.__dict__.get("_compiled_call_impl") is slot:
-                if users is None:
+            slot = None if module is None else module.__dict__.get("_compiled_call_impl")
+            if isinstance(slot, _Slot) and slot.rec is self:
+                if slot.users is None:
                     del module.__dict__["_compiled_call_impl"]
                 else:
-                    module.__dict__["_compiled_call_impl"] = users
+                    module.__dict__["_compiled_call_impl"] = slot.users
         self._root_slots = []
         self._hooked = [None] * len(self._hooked)  # a later install() gives the roots slots again
         self._reset_threads()
@@ -298,7 +305,6 @@ class Recorder:
         for handle in self._end_hooks:  # first calls running in other parent threads do not run here
             handle.remove()
         self._end_hooks.clear()
-        self._first_calls = 0
         self._arm()
 
     # ----- forward ------------------------------------------------------------------------------
@@ -322,6 +328,7 @@ class Recorder:
         st.root = st.frame = None
         st.same = 0
         st.gmode = False
+        self._arm()  # a first call takes the finder out of torch's dict
 
     def _arm(self) -> None:
         if self._gdict is not None and self._armed:
@@ -331,12 +338,16 @@ class Recorder:
         """Global pre hook: in torch's dict between root calls (always, once two threads call modules). It
         sees a root's first call, and calls of roots that have no slot (global mode)."""
         if is_compiling():
-            # In code torch.compile traces, the finder runs for real (a graph break) where a root call may
-            # begin; inside a call it began, or with two threads (where it sees every module call), it is a
-            # no-op, so the model's graph stays whole.
-            if self._first_calls or self._multi:
-                return None
-            return self._find_root_eager(module, args)
+            # torch.export's traces are not forwards. In code torch.compile traces, the finder runs for real
+            # (a graph break) where it is called: a first call takes it out of torch's dict (one thread), so
+            # the model's own graph stays whole; with two threads it is called, and breaks, at every module.
+            if not is_exporting():
+                self._find_root_eager(module, args)
+            return
+        if _tracing_state() is None:
+            self._find_root_body(module, args)
+
+    def _find_root_body(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         try:
             st = self._tl.st
         except AttributeError:
@@ -348,11 +359,11 @@ class Recorder:
             # Nested in a global-mode call, unless a BaseException ended that one (the stack walk runs in
             # global mode only: a root's first call, and roots with no slot).
             if self._alive(st):
-                if root is module:
-                    st.same += 1  # a root module calling itself
+                if root is module and st.end_hook is None:
+                    st.same += 1  # a root with no slot calling itself (a slot counts its own root's)
                 return
             self._drop_dead_call(st)
-        if self._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
+        if _autograd_node() is not None:
             return
         rid = self._roots.get(id(module))
         if rid is None or self._root_refs[rid]() is not module or self._hooked[rid] is None:
@@ -369,40 +380,48 @@ class Recorder:
 
     def _begin(self, st: _ThreadState, module: torch.nn.Module, rid: int, gmode: bool,
                caller: Any = None) -> None:
-        """Begin a root call: its start time now, its one row when it ends."""
-        st.root = module
+        """Begin a root call: its start time now, its one row when it ends. `st.root` is set last: a
+        KeyboardInterrupt landing in here leaves no half-begun call behind."""
         st.same = 0
         st.gmode = gmode
         st.rid = rid
         st.idx = next(self._fwd_ids)  # itertools.count: atomic under the GIL, unique across threads
+        slotted = self._hooked[rid]
         if gmode:
             st.frame = caller
-            if self._hooked[rid]:  # one module hook, not a global one: other modules' calls stay hook-free
-                st.end_hook = module.register_forward_hook(self._own_end_eager, with_kwargs=True,
-                                                           always_call=True)
+            if slotted:  # one module hook, not a global one: other modules' calls stay hook-free
+                handle = module.register_forward_hook(self._own_end_eager, with_kwargs=True, always_call=True)
+                st.end_hook = handle
                 with self._lock:
-                    self._first_calls += 1
-                    self._end_hooks.add(st.end_hook)
+                    self._end_hooks.add(handle)
             else:  # the global forward hook is in torch's dict only while such calls run
                 with self._lock:
                     self._gmode_calls += 1
                     if self._global_post is None:
                         self._global_post = nn_module.register_module_forward_hook(
                             self._global_end, with_kwargs=True, always_call=True)
-        elif not self._multi and self._gdict is not None and len(_LIMBO) + len(_ACTIVE) <= self._threads0:
+        if (slotted and not self._multi and self._gdict is not None
+                and len(_LIMBO) + len(_ACTIVE) <= self._threads0):
             self._gdict.pop(self._gid, None)  # all module calls inside this one take torch's fast path
         if self._unsampled and rid in self._unsampled and self._saved_ctx is None and is_grad_enabled():
             with self._lock:  # one sample at a time, in one thread
                 if self._saved_ctx is None and rid in self._unsampled:
                     self._start_saved_sample(rid)
         st.t0 = monotonic()
+        st.root = module
 
     def _global_end(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs_or_out: Any,
                     out: Any = _RAISED) -> None:
         """Global forward hook, registered only while global-mode root calls run."""
         # torch calls (module, args, kwargs, out) normally and (module, args, None) when the forward raised.
         if is_compiling():
-            return self._global_end_eager(module, args, kwargs_or_out, out)
+            if not is_exporting():
+                self._global_end_eager(module, args, kwargs_or_out, out)
+            return
+        self._global_end_body(module, args, kwargs_or_out, out)
+
+    def _global_end_body(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs_or_out: Any,
+                         out: Any = _RAISED) -> None:
         try:
             st = self._tl.st
         except AttributeError:
@@ -441,7 +460,6 @@ class Recorder:
                 st.end_hook.remove()
                 self._end_hooks.discard(st.end_hook)
                 st.end_hook = None
-                self._first_calls = max(0, self._first_calls - 1)
                 return
             self._gmode_calls = max(0, self._gmode_calls - 1)
             if not self._gmode_calls and self._global_post is not None:
@@ -457,12 +475,18 @@ class Recorder:
         batch = seq = 0
         x = args[0] if args and type(args[0]) is Tensor else _first_tensor(args, kwargs)
         if x is not None:
-            shape = x.shape  # one C call (~100 ns) for ndim, batch and sequence length
-            if shape:
-                batch = shape[0]
-                if len(shape) >= 2 and x.dtype in _TOKEN_DTYPES:
-                    seq = shape[1]
-                    flags |= _TOKEN_INPUT
+            try:
+                shape = x.shape  # one C call (~100 ns) for ndim, batch and sequence length
+                if shape:
+                    batch = shape[0]
+                    if len(shape) >= 2 and x.dtype in _TOKEN_DTYPES:
+                        seq = shape[1]
+                        flags |= _TOKEN_INPUT
+            except Exception:  # a strided nested tensor has no shape: batch and length unknown (0)
+                pass
+            if type(batch) is not int or type(seq) is not int:  # a jagged tensor's nested (symbolic) length
+                batch = batch if type(batch) is int else 0
+                seq = seq if type(seq) is int else 0
         if is_grad_enabled():
             flags |= _GRAD_ENABLED
             if out is not None:  # no grad mode, no graph: skip the search on the inference hot path
@@ -487,11 +511,10 @@ class Recorder:
         d = module.__dict__
         current = d.get("_compiled_call_impl")
         if isinstance(current, _Slot):
-            current = None  # a slot in a copy of another module's __dict__ (a replica's): replaced
+            current = current.users  # a slot in a copy of another module's __dict__ (a replica's): replaced
         # A module the user compiled (`Module.compile()`): the slot calls its compiled call, and puts it back.
-        inner = module._call_impl if current is None else current
-        d["_compiled_call_impl"] = slot = _Slot(self, module, rid, inner)
-        self._root_slots.append((weakref.ref(module), slot, current))
+        d["_compiled_call_impl"] = _Slot(self, module, rid, current)
+        self._root_slots.append(weakref.ref(module))
         return True
 
     def _new_root(self, module: torch.nn.Module) -> int:
@@ -694,23 +717,27 @@ class Recorder:
                 self._seq += 1
                 self._wrote = True
 
-    def _remove_dead_end_hooks(self) -> None:
-        """Take a root's one-off forward hook off it when a BaseException (Ctrl-C) ended the call it was to
-        end: until the thread's next module call drops that call, the hook would stay in the module's dict,
-        where `torch.save(model)` would meet it. Run from the flush thread; it only removes the handle
-        (idempotent), the thread's own next call forgets the call."""
-        if not self._end_hooks:
+    def _watch_dead_calls(self) -> None:
+        """Find hooks-followed calls a BaseException (Ctrl-C) ended, from the flush thread: take a dead first
+        call's one-off forward hook off its module (until the thread's next module call drops the call, it
+        would stay in the module's dict, where `torch.save(model)` would meet it) and put the finder back in
+        torch's dict (a first call took it out, so new models would go unseen). It only removes the handle
+        (idempotent) and re-arms; the thread's own next call forgets the call. Each thread's state is read
+        before the frames: a call begun after that read is not judged on an older snapshot."""
+        states = [(tid, st.end_hook, st.frame) for tid, st in list(self._callers.items())]
+        if not any(frame is not None for _, _, frame in states):
             return
         frames = sys._current_frames()
-        for tid, st in list(self._callers.items()):
-            handle, frame = st.end_hook, st.frame
-            if handle is not None and frame is not None and not _on_stack(frames.get(tid), frame):
-                handle.remove()
+        for tid, handle, frame in states:
+            if frame is not None and not _on_stack(frames.get(tid), frame):
+                if handle is not None:
+                    handle.remove()
+                self._arm()
 
     def _flush_loop(self) -> None:
         stop = self._stop
         while not stop.wait(self.flush_s):
-            self._remove_dead_end_hooks()
+            self._watch_dead_calls()
             if self.events_dir is None:
                 self.buffer.compact()
             else:
@@ -722,7 +749,8 @@ class _Slot:
     it before `_call_impl` looks at any hook, so the slot can take the finder out of torch's global dict for
     the call: the root and every module inside it take `_call_impl`'s fast path, instead of torch's hook
     dispatch (several us a call on a CPU, with cold caches after the model's kernels; docs/BENCHMARKS.md).
-    A BaseException (Ctrl-C) ending the call passes through here, so the call's end is always seen.
+    A BaseException (Ctrl-C) ending the call passes through here, so the call's end is always seen. The slot
+    holds its module weakly, so a dropped model is freed at once (the module's `__dict__` holds the slot).
 
     Copies: `Module.__getstate__` drops the slot, so `torch.save`, pickle, `copy.copy` and `copy.deepcopy` of
     a module never carry it; a deep copy of the module's `__dict__` itself (a parametrized module's deepcopy)
@@ -731,40 +759,52 @@ class _Slot:
     torch's `__call__` was called on (~0.2 us) and lets a replica run as itself (the finder then gives it a
     slot of its own); one thread alone calls the original's `_call_impl` for such a copy."""
 
-    __slots__ = ("call_impl", "module", "rec", "rid")
+    __slots__ = ("call_impl", "rec", "ref", "rid", "users")
 
-    def __init__(self, rec: Recorder, module: torch.nn.Module, rid: int,
-                 call_impl: Callable[..., Any]) -> None:
+    def __init__(self, rec: Recorder, module: torch.nn.Module, rid: int, users: Any = None) -> None:
         self.rec = rec
-        self.module = module
+        self.ref = weakref.ref(module)
         self.rid = rid
-        self.call_impl = call_impl  # the module's _call_impl, or the compiled call the user put in the slot
+        self.users = users  # the compiled call the user had put in the slot (Module.compile()), or None
+        self.call_impl = type(module)._call_impl  # the function: a bound method would hold the module
+
+    def _run(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        users = self.users
+        return self.call_impl(module, *args, **kwargs) if users is None else users(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call_impl = self.call_impl
-        if is_compiling():  # torch.compile tracing a compiled model that holds this root
-            return call_impl(*args, **kwargs)
+        module = self.ref()
         rec = self.rec
-        module = self.module
         try:
             st = rec._tl.st
         except AttributeError:
-            st = rec._init_thread()
-        if rec._multi:
-            me = sys._getframe(1).f_locals.get("self", module)  # the module torch's __call__ was called on
+            st = rec._init_thread()  # a thread's first module call: now the finder stays in
+        if module is None or rec._multi:
+            me = sys._getframe(1).f_locals.get("self")  # the module torch's __call__ was called on
             if me is not module and isinstance(me, torch.nn.Module):
-                return me._call_impl(*args, **kwargs)  # a module holding a copy of this one's __dict__
-        if st.root is not None:
-            if not st.gmode or rec._alive(st):
-                return call_impl(*args, **kwargs)  # nested in a root call, or this root calling itself
+                return me._call_impl(*args, **kwargs)  # it holds a copy of this one's __dict__ (a replica)
+            if module is None:
+                raise RuntimeError("phasescope: a root's slot was called after its module was freed, "
+                                   "not by a module's __call__")
+        if is_compiling() or _tracing_state() is not None:  # torch.compile / export / jit.trace tracing
+            return self._run(module, args, kwargs)
+        root = st.root
+        if root is not None:
+            if not st.gmode or rec._alive(st):  # nested in a root call, or this root calling itself
+                if root is module and st.gmode:
+                    st.same += 1  # its first call: the one-off end hook runs at this inner call's end too
+                return self._run(module, args, kwargs)
             rec._drop_dead_call(st)
-        if rec._in_bwd:  # recomputation (activation checkpointing) inside backward is not a new forward
-            return call_impl(*args, **kwargs)
-        rec._begin(st, module, self.rid, False)
+        if _autograd_node() is not None:
+            return self._run(module, args, kwargs)
         try:
-            out = call_impl(*args, **kwargs)
+            rec._begin(st, module, self.rid, False)
+            out = self._run(module, args, kwargs)
         except BaseException:
-            rec._end(st, module, args, kwargs, None, True)
+            if st.root is module:
+                rec._end(st, module, args, kwargs, None, True)
+            else:  # interrupted inside _begin: its finder may be out of torch's dict
+                rec._arm()
             raise
         rec._end(st, module, args, kwargs, out, False)
         return out
