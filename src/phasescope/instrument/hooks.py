@@ -797,9 +797,10 @@ class _Slot:
             rec._drop_dead_call(st)
         if _autograd_node() is not None:
             return self._run(module, args, kwargs)
+        users = self.users
         try:
             rec._begin(st, module, self.rid, False)
-            out = self._run(module, args, kwargs)
+            out = self.call_impl(module, *args, **kwargs) if users is None else users(*args, **kwargs)
         except BaseException:
             if st.root is module:
                 rec._end(st, module, args, kwargs, None, True)
