@@ -47,6 +47,8 @@ class DeviceVerdict:
     samples: int = 0
     missing_signals: list[str] = field(default_factory=list)
     price_note: str = ""  # a MIG instance's share of its physical GPU's price (kpi/cost.py), or ""
+    # Some price applied: then a None `held_idle_cost` is unmeasured held-idle energy, not "unpriced".
+    priced: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +149,7 @@ def judge(
         samples=len(trace),
         missing_signals=trace.missing_signals(),
         price_note=price_note,
+        priced=prices is not None and prices.priced,
     )
 
 

@@ -26,7 +26,7 @@ from phasescope.classify.model import PhaseModel
 from phasescope.errors import PhasescopeError
 from phasescope.fleet.judge import HELD_IDLE
 from phasescope.fleet.scan import ScanOptions, ScanResult, scan
-from phasescope.fleet.summary import COLUMNS, summary
+from phasescope.fleet.summary import COLUMNS, summary, waste_usd_text
 from phasescope.kpi.cost import Prices
 from phasescope.schema import PHASES
 
@@ -243,7 +243,6 @@ def page_html(service: FleetService) -> str:
     doc = r.to_dict()
     s = doc["summary"]
     w = s["waste"]
-    usd = w["held_idle_usd"]
     parts = [
         head,
         f"<p>{s['gpus']} GPUs, {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r.start))} to "
@@ -251,7 +250,7 @@ def page_html(service: FleetService) -> str:
         f"pass {r.wall_s:.1f}s with {r.workers} worker(s) (query {r.query_s:.1f}s, "
         f"classify {r.classify_s:.1f}s summed over them).</p>",
         f"<p><b>held-idle waste:</b> {w['held_idle_gpu_hours']:.2f} GPU-hours, {w['held_idle_kwh']:.2f} kWh"
-        + (f", ${usd:,.2f}" if usd is not None else " (no prices set)")
+        + html.escape(waste_usd_text(r.verdicts))
         + "</p>",
         "<table><tr><th>phase</th>"
         + "".join(f"<th>{p}</th>" for p in COLUMNS)

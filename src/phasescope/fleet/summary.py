@@ -51,6 +51,26 @@ def waste(verdicts: Sequence[DeviceVerdict]) -> dict[str, Any]:
     }
 
 
+def waste_usd_text(verdicts: Sequence[DeviceVerdict]) -> str:
+    """The held-idle cost as the text output and the --serve page show it: ", $X", or why it is unknown.
+
+    Unknown is not always "no price": with only a $/kWh price, held-idle time without a power reading has an
+    unknown energy cost and nothing to price its time by, and setting --price-kwh again would not help."""
+    usd = waste(verdicts)["held_idle_usd"]
+    unknown = [v for v in verdicts
+               if v.seconds.get(HELD_IDLE, 0.0) > 0 and v.held_idle_cost.total_usd is None]
+    unmeasured = [v for v in unknown if v.priced]  # priced, yet None: energy unmeasured, no $/GPU-hour
+    why = (
+        "held-idle energy unmeasured (no power reading); set --price-gpu-hour to price its time"
+        if unmeasured else "set --price-gpu-hour / --price-kwh to price it"
+    )
+    if usd is None:
+        return f" (cost unknown: {why})" if unmeasured else f" ({why})"
+    if unknown:  # the sum leaves these GPUs out: say so rather than show it as the whole waste
+        return f", ${usd:,.2f} plus {len(unknown)} GPU(s) of unknown cost ({why})"
+    return f", ${usd:,.2f}"
+
+
 def summary(verdicts: Sequence[DeviceVerdict]) -> dict[str, Any]:
     return {
         "gpus": len(verdicts),
@@ -83,10 +103,10 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
     if s["by_pod"]:
         console.print(_table("by pod", "namespace/pod", s["by_pod"]))
     w = s["waste"]
-    usd = w["held_idle_usd"]
     console.print(
         f"held-idle: {w['held_idle_gpu_hours']:.2f} GPU-hours, {w['held_idle_kwh']:.2f} kWh"
-        + (f", ${usd:,.2f}" if usd is not None else " (set --price-gpu-hour / --price-kwh to price it)")
+        + waste_usd_text(verdicts),
+        markup=False,
     )
     if show_devices:
         dev = Table(title="devices", title_justify="left")
@@ -106,4 +126,4 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
         console.print(dev)
 
 
-__all__ = ["COLUMNS", "PHASES", "counts", "render", "summary", "waste"]
+__all__ = ["COLUMNS", "PHASES", "counts", "render", "summary", "waste", "waste_usd_text"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from phasescope.config import PriceConfig
 from phasescope.kpi.cost import Prices, cost_of
-from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, J_PER_KWH, FleetEnergyMeter
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, FleetEnergyMeter
 from phasescope.live_annotate import Annotator, HookKpiReader
 from phasescope.live_classify import LiveClassifier, PhaseReading
 from phasescope.live_history import backfill_phases, loaded_note, recent_traces
@@ -245,14 +245,14 @@ class Agent:
         with self._lock:
             return dict(self._health)
 
-    def energy_methods(self) -> dict[str, str]:
+    def energy_results(self) -> dict[str, DeviceEnergy]:
+        """uuid -> the device's energy so far (method, per-phase figures, and whether any was `measured`)."""
         with self._lock:
-            return {uuid: m.method for uuid, m in self.energy.meters.items()}
+            return {uuid: m.result(uuid) for uuid, m in self.energy.meters.items()}
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the dashboard shows now, as JSON-ready data (the /api/state body)."""
-        energy = self.energy_by_device()
-        methods = self.energy_methods()
+        energy = self.energy_results()
         rows = self.state.rows()
         # Every process the newest tick saw, not the table's rows (capped, with a "+N more" row).
         procs = Counter({uuid: len(ps) for uuid, ps in self.state.processes().items()})
@@ -267,23 +267,23 @@ class Agent:
         health = self.health()
         for info, latest, reading, lost in self.devices():
             prices = row_prices.get(info.uuid) or self.prices.for_device(info.name)
-            measured = methods.get(info.uuid, "none") != "none"
+            dev_energy = energy.get(info.uuid)
             phases = {}
-            for label, (joules, seconds, covered) in sorted(energy.get(info.uuid, {}).items()):
-                # No second with a power or energy reading: the energy is unknown (null), not 0 J, and so
-                # is its energy cost, also on a metered GPU (a phase spent in a power-sensor dropout).
-                known = covered > 0
-                cost = cost_of(seconds, joules, prices, measured and known)
+            for label, pe in sorted((dev_energy.phases if dev_energy else {}).items()):
+                # No second with a power or energy reading (`_EnergyFigures.measured`): the energy is unknown
+                # (null), not 0 J, and so is its energy cost, also on a metered GPU (a phase spent in a
+                # power-sensor dropout).
+                cost = cost_of(pe.seconds, pe.joules, prices, pe.measured)
                 phases[label] = {
-                    "joules": _num(joules, 3) if known else None,
-                    "kwh": _num(joules / J_PER_KWH) if known else None, "seconds": _num(seconds, 3),
-                    "covered_s": _num(covered, 3), "cost": cost.to_dict(),
+                    "joules": _num(pe.joules, 3) if pe.measured else None,
+                    "kwh": _num(pe.kwh) if pe.measured else None, "seconds": _num(pe.seconds, 3),
+                    "covered_s": _num(pe.covered_s, 3), "cost": cost.to_dict(),
                 }
                 # NaN (null in the JSON) until some device in the phase has a known energy / cost.
                 tot = totals.setdefault(label, {"joules": math.nan, "seconds": 0.0, "usd": math.nan})
-                if known:
-                    tot["joules"] = joules + (tot["joules"] if math.isfinite(tot["joules"]) else 0.0)
-                tot["seconds"] += seconds
+                if pe.measured:
+                    tot["joules"] = pe.joules + (tot["joules"] if math.isfinite(tot["joules"]) else 0.0)
+                tot["seconds"] += pe.seconds
                 if cost.total_usd is not None:
                     tot["usd"] = cost.total_usd + (tot["usd"] if math.isfinite(tot["usd"]) else 0.0)
             values = {s: _num(float(latest[SIGNAL_COLUMN[s]])) for s in SIGNAL_NAMES}
@@ -296,7 +296,9 @@ class Agent:
                 "idle_held": info.uuid in idle_held,
                 "kpis": {k: _num(v) for k, v in kpis.get(info.uuid, {}).items()},
                 "process_kpis": proc_kpis.get(info.uuid, []),
-                "energy": {"method": methods.get(info.uuid, "none"), "phases": phases},
+                # `measured`: the page's one test for "has energy" (the same rule as the phases' nulls).
+                "energy": {"method": dev_energy.method if dev_energy else "none",
+                           "measured": dev_energy.measured if dev_energy else False, "phases": phases},
                 "priced": prices.priced,
                 "price_note": price_notes.get(info.uuid, ""),
                 "health": _health_doc(health.get(info.uuid)),

@@ -160,7 +160,8 @@ function drawDevice(dev, now) {
     hook.push(phaseKpis(p.kpis, (p.label || "pid") + " " + p.pid + (p.phase ? " · " + p.phase + " (hooks)" : "")));
   }
   c.hook.innerHTML = hook.filter(x => x).join("");
-  const metered = dev.energy.method !== "none";  // e.g. a host: time per phase, but no power to integrate
+  // /api/state's `measured` (kpi/energy.py's rule), e.g. false on a host: time per phase, no power to integrate.
+  const metered = dev.energy.measured;
   const rows = Object.entries(dev.energy.phases).map(([p, e]) =>
     `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
     `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "– kWh"}</td><td>${usd(e.cost, dev.priced)}</td></tr>`);
@@ -206,7 +207,7 @@ function plot(uuid) {
 
 function drawTotals(s) {
   const body = document.querySelector("#totals tbody");
-  const metered = s.devices.some(d => d.energy.method !== "none");
+  const metered = s.devices.some(d => d.energy.measured);
   body.innerHTML = Object.entries(s.totals).map(([p, t]) =>
     `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
     `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "– kWh"}</td><td>${!s.devices.some(d => d.priced) ? "not priced" : t.usd === null ? "–" : "$" + t.usd.toFixed(4)}</td></tr>`
