@@ -970,3 +970,86 @@ def test_jit_trace_and_non_strict_export_work_and_their_traces_are_not_forwards(
     names = [rec.roots[r]["name"] for r in timeline(rec).f_root]
     # the model twice (before and beside the traces), the traced module once, the exported module once
     assert names.count("Sequential") == 2 and len(names) == 4
+
+
+def test_fx_symbolic_trace_is_not_recorded(mode: str) -> None:
+    """torch.fx calls a model's containers on Proxies (FX quantization, feature extractors): not forwards."""
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 2)))
+    with recording() as rec, torch.no_grad():
+        model(torch.randn(2, 8))
+        graph_module = torch.fx.symbolic_trace(model)
+        model(torch.randn(3, 8))
+    assert timeline(rec).f_batch.tolist() == [2, 3] and [r["name"] for r in rec.roots] == ["Sequential"]
+    torch.testing.assert_close(graph_module(torch.ones(1, 8)), model(torch.ones(1, 8)))
+
+
+class _ReturnsNone(nn.Module):
+    """A module whose forward returns None (a logging or metric-update module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> None:
+        self.lin(x)
+
+
+def test_a_first_call_is_raised_exactly_when_torch_took_its_exception_path(mode: str) -> None:
+    """Whether a first call raised is read from where torch calls the end hook, not guessed: a forward that
+    returns None inside the caller's `except` block did not raise; a call whose user forward hook raised
+    after the forward returned did."""
+    quiet, failing = _ReturnsNone(), mlp()
+
+    def bad(module: nn.Module, args: Any, out: Any) -> None:
+        if module is failing:
+            raise RuntimeError("user hook failed")
+
+    handle = torch.nn.modules.module.register_module_forward_hook(bad)
+    try:
+        with recording() as rec, torch.no_grad():
+            for _ in range(2):
+                try:
+                    raise ValueError("primary path failed")
+                except ValueError:
+                    quiet(torch.randn(3, 8))
+                with pytest.raises(RuntimeError, match="user hook failed"):
+                    failing(torch.randn(4, 8))
+    finally:
+        handle.remove()
+    tl = timeline(rec)
+    assert tl.f_batch.tolist() == [3, 4, 3, 4]
+    assert tl.flag(ev.RAISED).tolist() == [False, True, False, True]
+
+
+def test_an_interrupted_first_call_does_not_leave_its_activation_sample_open() -> None:
+    """The one activation-memory sample of a root begins with its first grad-enabled call: when Ctrl-C ends
+    that call, the sample is closed unrecorded when the thread's next root call drops it, so that model's
+    activations are not put on the interrupted root, and the root is measured on its next forward."""
+
+    class Boom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.boom = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x).relu()
+            if self.boom:
+                raise KeyboardInterrupt
+            return y
+
+    model = Boom()
+    mm = torch.nn.modules.module
+    with recording(count_flops=False, flush_s=0.02) as rec:
+        with pytest.raises(KeyboardInterrupt):
+            model(torch.randn(2, 8))
+        deadline = monotonic() + 5.0  # the flush thread puts the finder back (a notebook's next cell)
+        while rec._gid not in mm._global_forward_pre_hooks and monotonic() < deadline:
+            threading.Event().wait(0.01)
+        other = mlp()
+        other(torch.randn(64, 8)).sum().backward()  # drops the dead call; its own sample
+        model.boom = False
+        model(torch.randn(2, 8)).sum().backward()  # measured now
+    sizes = {r["name"]: r["saved_bytes"] for r in rec.roots}
+    assert sizes["Boom"] is not None and sizes["Boom"] < 1024 < sizes["Sequential"]
+    assert rec._saved_ctx is None

@@ -5,12 +5,13 @@
   forward hook (always_call) ends, and gives the root a slot: its `_compiled_call_impl`, which torch's
   `__call__` calls before `_call_impl` (the attribute `Module.compile()` sets; `_Slot` below; a compiled
   call the user put there is called by the slot and given back). The slot times each later call. During a
-  root call the finder is out of torch's dict, so the root and every module inside it take `_call_impl`'s
-  fast path: any module hook, global or the root's own, sends a call through the slow one (several us each
-  on a CPU). The finder is back in torch's dict between root calls, so new roots are found. Hook dicts are
-  per-process, not per-thread: once a second thread calls modules, or more threads run than at install(),
-  the finder stays in so no thread can miss a new root. Roots that cannot have a slot (a ScriptModule, a
-  torch without the attribute) are followed by global hooks on every call ("global mode", slower).
+  root call the finder is out of torch's dict, so every module inside it (and the root, after its first
+  call) takes `_call_impl`'s fast path: any module hook, global or the root's own, sends a call through
+  the slow one (several us each on a CPU). The finder is back in torch's dict between root calls, so new
+  roots are found. Hook dicts are per-process, not per-thread: once a second thread calls modules, or more
+  threads run than at install(), the finder stays in so no thread can miss a new root. Roots that cannot
+  have a slot (a ScriptModule, a torch without the attribute) are followed by global hooks on every call
+  ("global mode", slower).
 - The outermost forward's output `grad_fn.register_prehook(...)`: fires when a backward pass reaches that
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
@@ -35,6 +36,7 @@ from time import monotonic
 from typing import Any
 
 import torch
+import torch.fx._symbolic_trace as fx_trace
 import torch.nn.modules.module as nn_module
 from torch import Tensor
 from torch.optim import optimizer as optim_module
@@ -56,6 +58,12 @@ is_exporting = torch.compiler.is_exporting
 # inside backward is not a new forward. Per thread, unlike a flag set by our backward hooks.
 _autograd_node = torch._C._current_autograd_node
 _tracing_state = torch._C._get_tracing_state  # set while torch.jit.trace runs the model: not a forward
+
+
+def _fx_tracing() -> bool:
+    """torch.fx.symbolic_trace runs: its calls of modules on Proxies are not forwards (torch's own flag, read
+    directly: `is_fx_tracing()` warns)."""
+    return bool(getattr(fx_trace, "_is_fx_tracing_flag", False))
 _MODULE_PY = nn_module.__file__
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32, torch.int16})
 
@@ -133,12 +141,18 @@ def _tensor_bytes(t: Tensor) -> int:
 
 
 def _hook_caller(frame: Any) -> Any:
-    """The frame of torch's module.py that called a global hook: `_call_impl`'s, or that of its compiled
-    resumption when the hook runs at a torch.compile graph break (torch.compiler.disable adds frames)."""
+    """The frame of torch's `_call_impl` that called a hook (or of its compiled resumption when the hook runs
+    at a torch.compile graph break: torch.compiler.disable adds frames). Not its nested `inner()`: torch runs
+    always-called hooks from `_call_impl` itself after `inner()` raised, and the call is alive until then."""
     caller = frame
     while caller is not None and caller.f_code.co_filename != _MODULE_PY:
         caller = caller.f_back
-    return frame if caller is None else caller
+    if caller is None:
+        return frame
+    outer = caller.f_back
+    if caller.f_code.co_name == "inner" and outer is not None and outer.f_code.co_filename == _MODULE_PY:
+        return outer
+    return caller
 
 
 def _on_stack(frame: Any, target: Any) -> bool:
@@ -323,7 +337,10 @@ class Recorder:
         return st.frame is None or _on_stack(sys._getframe(2), st.frame)
 
     def _drop_dead_call(self, st: _ThreadState) -> None:
-        """Forget a hooks-followed root call a BaseException ended without torch's always-called hooks."""
+        """Forget a hooks-followed root call a BaseException ended without torch's always-called hooks (run
+        in the call's own thread: its open activation sample, if any, is closed unrecorded here)."""
+        if self._saved_ctx is not None and self._saved_ctx[3] == threading.get_ident():
+            self._end_saved_sample(record=False)
         self._hooks_done(st)
         st.root = st.frame = None
         st.same = 0
@@ -344,7 +361,7 @@ class Recorder:
             if not is_exporting():
                 self._find_root_eager(module, args)
             return
-        if _tracing_state() is None:
+        if _tracing_state() is None and not _fx_tracing():
             self._find_root_body(module, args)
 
     def _find_root_body(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -440,8 +457,14 @@ class Recorder:
             return
         if st.root is not module or st.end_hook is None:
             return
-        if out is None and sys.exc_info()[0] is not None:
-            out = _RAISED  # torch's exception path passes result=None to a module's own hooks
+        if out is not _RAISED:  # torch calls a module's own always-called hooks from `_call_impl`'s except
+            # block when the call raised (`inner()` on the normal path), passing whatever result it had
+            caller: Any = sys._getframe(1)
+            while caller is not None and caller.f_code.co_filename != _MODULE_PY:
+                caller = caller.f_back
+            name = caller.f_code.co_name if caller is not None else ""
+            if name == "_call_impl" or (name != "inner" and out is None and sys.exc_info()[0] is not None):
+                out = _RAISED
         self._hooks_end(st, module, args, kwargs_or_out, out)
 
     def _hooks_end(self, st: _ThreadState, module: torch.nn.Module, args: tuple[Any, ...],
@@ -566,11 +589,13 @@ class Recorder:
             return
         self._saved_ctx = (ctx, total, seen, threading.get_ident(), rid)
 
-    def _end_saved_sample(self) -> None:
+    def _end_saved_sample(self, record: bool = True) -> None:
         ctx, total, seen, _thread, sampled_rid = self._saved_ctx
         self._saved_ctx = None
         with contextlib.suppress(Exception):
             ctx.__exit__(None, None, None)
+        if not record:  # the sampled call died: the root stays unsampled, its next forward is measured
+            return
         module = self._root_refs[sampled_rid]()
         if module is not None:  # weights are kept anyway; only activations are the cost of autograd
             for p in module.parameters():
@@ -786,7 +811,8 @@ class _Slot:
             if module is None:
                 raise RuntimeError("phasescope: a root's slot was called after its module was freed, "
                                    "not by a module's __call__")
-        if is_compiling() or _tracing_state() is not None:  # torch.compile / export / jit.trace tracing
+        if is_compiling() or _tracing_state() is not None or fx_trace._is_fx_tracing_flag or not rec._armed:
+            # torch.compile / export / jit.trace / fx tracing, or a copy's slot left after uninstall()
             return self._run(module, args, kwargs)
         root = st.root
         if root is not None:
