@@ -14,7 +14,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -35,6 +37,36 @@ from tests.fakes.fake_nvml import FakeProcess
 
 SPAR_BERT = "spar-a100/bert_sst2_amp_NVIDIA_A100_SXM4_40GB_90abf7ca_20260309_182528.parquet"
 _WAIT = "import time; print('ready', flush=True); time.sleep(120)"
+
+
+@contextmanager
+def _two_watched_waiters() -> Iterator[tuple[subprocess.Popen[str], subprocess.Popen[str], TopApp]]:
+    """Two real sleeping processes, watched by the host source, and a `top` app fed by it; both are killed
+    after."""
+    a = subprocess.Popen([sys.executable, "-c", _WAIT], stdout=subprocess.PIPE, text=True)
+    b = subprocess.Popen([sys.executable, "-c", _WAIT], stdout=subprocess.PIPE, text=True)
+    try:
+        for proc in (a, b):
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        src = HostSource(find_torch=False)
+        src.watch([a.pid, b.pid])
+        state = LiveState(src.name)
+        yield a, b, TopApp(state, lambda stop: feed(state, src, 0.1, stop), refresh_s=0.05)
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+async def _select(app: TopApp, pilot: Any, pid: int, both: set[int]) -> float:
+    """Wait until the rows of all `both` show, then move the cursor onto `pid`'s row; the wait's deadline."""
+    deadline = time.monotonic() + 10
+    while both - {r.pid for r in app.shown_rows}:
+        assert time.monotonic() < deadline
+        await pilot.pause(0.05)
+    while app.cursor_row() is None or app.cursor_row().pid != pid:  # type: ignore[union-attr]
+        await pilot.press("down")
+    return deadline
 # An OSC title change, a screen clear, rich markup, a newline, a C1 CSI, DEL and a bidi override.
 EVIL = "\x1b]0;pwned\x07\x1b[2J[bold]B[/bold]\nline2\x9b31m\x7f\u202eevil"
 _RAW = ("\x1b", "\x07", "\x9b", "\x7f", "\u202e")
@@ -173,24 +205,11 @@ def test_a_zombie_is_said_to_have_exited(plain_child: subprocess.Popen[str]) -> 
 def test_the_prompted_process_is_signalled_whatever_the_table_does_meanwhile() -> None:
     """While the y/n prompt is open, new ticks re-sort the rows and the cursor may land on another process:
     y still goes to the process the question named (a guard: the answer must not re-read the cursor)."""
-    a = subprocess.Popen([sys.executable, "-c", _WAIT], stdout=subprocess.PIPE, text=True)
-    b = subprocess.Popen([sys.executable, "-c", _WAIT], stdout=subprocess.PIPE, text=True)
-    try:
-        for proc in (a, b):
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        src = HostSource(find_torch=False)
-        src.watch([a.pid, b.pid])
-        state = LiveState(src.name)
-        app = TopApp(state, lambda stop: feed(state, src, 0.1, stop), refresh_s=0.05)
+    with _two_watched_waiters() as (a, b, app):
 
         async def go() -> None:
             async with app.run_test(size=(220, 24)) as pilot:
-                deadline = time.monotonic() + 10
-                while {a.pid, b.pid} - {r.pid for r in app.shown_rows}:
-                    assert time.monotonic() < deadline
-                    await pilot.pause(0.05)
-                while app.cursor_row() is None or app.cursor_row().pid != a.pid:  # type: ignore[union-attr]
-                    await pilot.press("down")
+                await _select(app, pilot, a.pid, {a.pid, b.pid})
                 await pilot.press("k")
                 assert isinstance(app.screen, ConfirmScreen) and f"SIGTERM to {a.pid} " in app.screen.question
                 app.sort = "name"
@@ -204,10 +223,6 @@ def test_the_prompted_process_is_signalled_whatever_the_table_does_meanwhile() -
 
         asyncio.run(go())
         assert b.poll() is None
-    finally:
-        for proc in (a, b):
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def test_a_narrow_terminal_drops_command_lines_before_columns() -> None:
@@ -239,24 +254,11 @@ def test_a_narrow_terminal_drops_command_lines_before_columns() -> None:
 def test_when_the_selected_process_exits_k_aims_at_no_neighbour() -> None:
     """The selected process row goes (the process exited): the cursor does not slide onto the next process,
     so a `k` pressed in that moment is refused, not aimed at another process (a guard)."""
-    a = subprocess.Popen([sys.executable, "-c", _WAIT], stdout=subprocess.PIPE, text=True)
-    b = subprocess.Popen([sys.executable, "-c", _WAIT], stdout=subprocess.PIPE, text=True)
-    try:
-        for proc in (a, b):
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        src = HostSource(find_torch=False)
-        src.watch([a.pid, b.pid])
-        state = LiveState(src.name)
-        app = TopApp(state, lambda stop: feed(state, src, 0.1, stop), refresh_s=0.05)
+    with _two_watched_waiters() as (a, b, app):
 
         async def go() -> None:
             async with app.run_test(size=(220, 24)) as pilot:
-                deadline = time.monotonic() + 10
-                while {a.pid, b.pid} - {r.pid for r in app.shown_rows}:
-                    assert time.monotonic() < deadline
-                    await pilot.pause(0.05)
-                while app.cursor_row() is None or app.cursor_row().pid != a.pid:  # type: ignore[union-attr]
-                    await pilot.press("down")
+                deadline = await _select(app, pilot, a.pid, {a.pid, b.pid})
                 a.kill()
                 a.wait(timeout=30)
                 while any(r.pid == a.pid for r in app.shown_rows):
@@ -268,7 +270,3 @@ def test_when_the_selected_process_exits_k_aims_at_no_neighbour() -> None:
 
         asyncio.run(go())
         assert b.poll() is None
-    finally:
-        for proc in (a, b):
-            proc.kill()
-            proc.wait(timeout=30)
