@@ -231,14 +231,6 @@ class Agent:
             out.append((info, latest, reading, lost))
         return out
 
-    def energy_by_device(self) -> dict[str, dict[str, tuple[float, float, float]]]:
-        """uuid -> phase -> (joules, seconds, covered seconds) so far; plus the method per device."""
-        with self._lock:
-            return {
-                uuid: {k: (p.joules, p.seconds, p.covered_s) for k, p in m.phases().items()}
-                for uuid, m in self.energy.meters.items()
-            }
-
     def health(self) -> dict[str, GpuHealth]:
         """uuid -> the GPU's last health read (ECC, remapped rows, PCIe replays, memory temperature, XIDs);
         GPUs whose source reads none are absent."""

@@ -121,7 +121,7 @@ class PhasescopeCollector:
         process_info = _family(mn.GPU_PROCESS_INFO, [*labels, "pid", *mn.POD_LABELS])
         host_labels = list(mn.HOST_LABELS)
         host_signals = {s: _family(m, host_labels) for s, m in mn.HOST_METRICS.items()}
-        by_device = agent.energy_by_device()
+        by_device = agent.energy_results()
         health = agent.health()
         health_families = _HealthFamilies(labels)
         pods = self._attribution(agent.state.processes())
@@ -157,10 +157,11 @@ class PhasescopeCollector:
                     alarm.add_metric(key, 1.0 if reading.training_alarm else 0.0)
                     if reading.training_alarm and reading.alarm_at is not None:
                         alarm_start.add_metric(key, reading.alarm_at)
-            for p, (joules, secs, covered) in sorted(by_device.get(info.uuid, {}).items()):
-                seconds.add_metric([*key, p], secs)
-                if covered > 0:  # no power or energy reading in this phase yet: absent, not a made-up 0 J
-                    energy.add_metric([*key, p], joules)
+            dev_energy = by_device.get(info.uuid)
+            for p, pe in sorted((dev_energy.phases if dev_energy else {}).items()):
+                seconds.add_metric([*key, p], pe.seconds)
+                if pe.measured:  # no power or energy reading in this phase yet: absent, not a made-up 0 J
+                    energy.add_metric([*key, p], pe.joules)
             merged, named_procs = pods.get(info.uuid, (None, []))
             for pid, values in named_procs:
                 process_info.add_metric([*key, pid, *values], 1.0)
