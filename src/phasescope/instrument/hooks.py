@@ -140,13 +140,19 @@ def _tensor_bytes(t: Tensor) -> int:
     return int(t.numel() * t.element_size())
 
 
+def _module_py_frame(frame: Any) -> Any:
+    """The nearest frame, `frame` or a caller, running torch's module.py (None if none): where torch called a
+    hook from, past the frames torch.compiler.disable adds."""
+    while frame is not None and frame.f_code.co_filename != _MODULE_PY:
+        frame = frame.f_back
+    return frame
+
+
 def _hook_caller(frame: Any) -> Any:
     """The frame of torch's `_call_impl` that called a hook (or of its compiled resumption when the hook runs
-    at a torch.compile graph break: torch.compiler.disable adds frames). Not its nested `inner()`: torch runs
-    always-called hooks from `_call_impl` itself after `inner()` raised, and the call is alive until then."""
-    caller = frame
-    while caller is not None and caller.f_code.co_filename != _MODULE_PY:
-        caller = caller.f_back
+    at a torch.compile graph break). Not its nested `inner()`: torch runs always-called hooks from
+    `_call_impl` itself after `inner()` raised, and the call is alive until then."""
+    caller = _module_py_frame(frame)
     if caller is None:
         return frame
     outer = caller.f_back
@@ -459,9 +465,7 @@ class Recorder:
             return
         if out is not _RAISED:  # torch calls a module's own always-called hooks from `_call_impl`'s except
             # block when the call raised (`inner()` on the normal path), passing whatever result it had
-            caller: Any = sys._getframe(1)
-            while caller is not None and caller.f_code.co_filename != _MODULE_PY:
-                caller = caller.f_back
+            caller = _module_py_frame(sys._getframe(1))
             name = caller.f_code.co_name if caller is not None else ""
             if name == "_call_impl" or (name != "inner" and out is None and sys.exc_info()[0] is not None):
                 out = _RAISED
@@ -811,7 +815,7 @@ class _Slot:
             if module is None:
                 raise RuntimeError("phasescope: a root's slot was called after its module was freed, "
                                    "not by a module's __call__")
-        if is_compiling() or _tracing_state() is not None or fx_trace._is_fx_tracing_flag or not rec._armed:
+        if is_compiling() or _tracing_state() is not None or _fx_tracing() or not rec._armed:
             # torch.compile / export / jit.trace / fx tracing, or a copy's slot left after uninstall()
             return self._run(module, args, kwargs)
         root = st.root
@@ -823,10 +827,9 @@ class _Slot:
             rec._drop_dead_call(st)
         if _autograd_node() is not None:
             return self._run(module, args, kwargs)
-        users = self.users
         try:
             rec._begin(st, module, self.rid, False)
-            out = self.call_impl(module, *args, **kwargs) if users is None else users(*args, **kwargs)
+            out = self._run(module, args, kwargs)
         except BaseException:
             if st.root is module:
                 rec._end(st, module, args, kwargs, None, True)
