@@ -9,7 +9,15 @@ import pyarrow as pa
 import pytest
 
 from phasescope.errors import InputError
-from phasescope.sources.replay._common import arrow_all, dictionary_codes, head_lines, require_finite
+from phasescope.sources.replay import read
+from phasescope.sources.replay._common import (
+    arrow_all,
+    dictionary_codes,
+    drop_cut_last_line,
+    head_lines,
+    require_finite,
+)
+from tests.sources.replay.conftest import expect_input_error
 
 
 def test_require_finite_names_first_bad_row_one_based() -> None:
@@ -45,3 +53,49 @@ def test_head_lines_drops_bom_and_reads_only_the_head(tmp_path: Path) -> None:
     p.write_bytes(b"\xef\xbb\xbfa,b\r\n1,2\r\n" + b"3,4\n" * 100)
     assert head_lines(p, 12) == ["a,b", "1,2"]
     assert len(head_lines(p)) == 102
+
+
+# An nvidia-smi log as energy-inference's: `nvidia-smi --query-gpu=... --format=csv -lms 100 -f log.csv`.
+SMI_HEADER = "timestamp, power.draw [W], utilization.gpu [%], utilization.memory [%]"
+SMI_ROWS = [
+    "2024/03/29 11:16:49.355, 24.53 W, 0 %, 0 %",
+    "2024/03/29 11:16:49.455, 60.10 W, 35 %, 12 %",
+    "2024/03/29 11:16:49.555, 61.20 W, 36 %, 13 %",
+]
+
+
+def _log(tmp_path: Path, name: str, lines: list[str], tail: str = "", newline: str = "\n") -> Path:
+    p = tmp_path / name
+    p.write_bytes((newline.join([SMI_HEADER, *lines]) + newline + tail).encode())
+    return p
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_log_cut_mid_line_loses_only_that_line(tmp_path: Path, newline: str) -> None:
+    """A logger killed mid-write leaves a last line without its line break and short of fields: that line
+    goes, every complete row stays; a complete last line without a line break is a row like any other."""
+    for i, tail in enumerate(("20", "2024/03/29 11:16:49.6", "2024/03/29 11:16:49.655, 62.0 W, 3")):
+        (trace,) = read(_log(tmp_path, f"cut{i}.csv", SMI_ROWS, tail, newline))
+        assert trace["power"].tolist() == [24.53, 60.10, 61.20], tail
+        assert trace["gpu_util"].tolist() == pytest.approx([0.0, 0.35, 0.36]), tail
+    whole = tmp_path / "whole.csv"
+    whole.write_bytes(newline.join([SMI_HEADER, *SMI_ROWS]).encode())  # no line break after the last row
+    (trace,) = read(whole)
+    assert trace["power"].tolist() == [24.53, 60.10, 61.20] and trace["mem_util"][-1] == pytest.approx(0.13)
+
+
+def test_a_short_line_inside_a_log_is_still_an_error_naming_its_line(tmp_path: Path) -> None:
+    # Line 4 is a piece of every line before it: the error must still name line 4, not the first line it
+    # is found in. A cut last line after it changes nothing.
+    rows = [*SMI_ROWS[:2], "2024/03/29 11:16", SMI_ROWS[2]]
+    for tail in ("", "2024/03/29 11:16:49.6"):
+        p = _log(tmp_path, "middle.csv", rows, tail)
+        expect_input_error(read, p, match=(str(p), "line 4", "4 comma-separated", "'2024/03/29 11:16'"))
+
+
+def test_drop_cut_last_line_bytes() -> None:
+    assert drop_cut_last_line(b"a,b\n1,2\n3", ",", 2) == b"a,b\n1,2\n"
+    assert drop_cut_last_line(b"a,b\n1,2\n3,4", ",", 2) == b"a,b\n1,2\n3,4"  # complete: kept
+    assert drop_cut_last_line(b"a,b\n1,2\n", ",", 2) == b"a,b\n1,2\n"
+    assert drop_cut_last_line(b"a,b", ",", 3) == b"a,b"  # one line only: nothing to fall back on
+    assert drop_cut_last_line(b"", ",", 2) == b""

@@ -174,9 +174,18 @@ def test_bad_timestamp(write) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_truncated_last_row(shared_data: Path, write) -> None:  # type: ignore[no-untyped-def]
+    """A log whose logger was killed mid-line: the cut row goes, every complete row is read. The same cut row
+    with rows after it is an error naming its line."""
     text = (shared_data / H100).read_text()[:5000]
-    p = write("cut.csv", text[: text.rindex(",")])
-    expect_input_error(smi.read, p, match=(str(p), "line", "4 comma-separated fields"))
+    whole = text[: text.rindex("\n") + 1]
+    cut = smi.read(write("cut.csv", text[: text.rindex(",")]))
+    kept = smi.read(write("whole.csv", whole))
+    assert [len(t) for t in cut] == [len(t) for t in kept]
+    assert sum(len(t) for t in cut) == whole.count("\n") - 1  # every complete row but the header
+    assert all(np.array_equal(a["power"], b["power"]) for a, b in zip(cut, kept, strict=True))
+    p = write("mid.csv", text[: text.rindex(",")] + "\n" + whole.splitlines()[-1] + "\n")
+    line = whole.count("\n") + 1
+    expect_input_error(smi.read, p, match=(str(p), f"line {line}", "4 comma-separated fields"))
 
 
 def test_unknown_unit_in_header(write) -> None:  # type: ignore[no-untyped-def]

@@ -25,6 +25,12 @@ TELEMETRY_DIRS = {
     "formats/dcgm-exporter-prom": "dcgm-prom",
     "formats/other": "nvidia-smi-dmon",
 }
+# Folders whose logs sit beside run metadata and results: the logs (by file name) are telemetry in this
+# format; every other file there (per-iteration results CSVs, epoch stamps, topology) is refused as unknown.
+TELEMETRY_NAMES = {
+    "energy-inference": ("nvidia-smi.csv", "nvidia-smi-csv"),
+    "powertrace-vllm": ("power.csv", "nvidia-smi-csv"),
+}
 # Not device telemetry: the words the refusal must contain.
 REFUSED_DIRS = {
     "formats/vllm-metrics": "vLLM /metrics scrape",
@@ -44,7 +50,7 @@ NEEDS_COLUMNS = {
         "ecc.mode.current,mig.mode.current"
     ),
 }
-DOC_SUFFIXES = (".md", ".yaml")
+DOC_SUFFIXES = (".md", ".yaml", ".json")
 DOC_NAMES = ("labels.csv", "labels-sensorguard.csv")
 
 # Plausible ranges of each signal in base units: a unit slip (MiB for bytes, % for ratio) lands outside.
@@ -85,6 +91,9 @@ def _kind(rel: str) -> tuple[str, str]:
     for d, fmt in TELEMETRY_DIRS.items():
         if parent == d or parent.startswith(d + "/"):
             return "telemetry", fmt
+    for d, (log_name, fmt) in TELEMETRY_NAMES.items():
+        if parent == d or parent.startswith(d + "/"):
+            return ("telemetry", fmt) if name == log_name else ("not telemetry", "")
     return "unknown", ""
 
 
@@ -93,7 +102,8 @@ ALL_FILES = _all_files()
 
 def test_shared_data_has_every_kind(shared_data: Path) -> None:
     kinds = [_kind(f)[0] for f in ALL_FILES]
-    assert kinds.count("telemetry") >= 95 and kinds.count("refused") == 5
+    assert kinds.count("telemetry") >= 115 and kinds.count("refused") == 5
+    assert kinds.count("not telemetry") >= 10  # results CSVs, epoch stamps and topology beside the logs
     assert "unknown" not in kinds, [f for f in ALL_FILES if _kind(f)[0] == "unknown"]
 
 

@@ -99,9 +99,21 @@ def test_garbage_number_names_row_and_field(shared_data: Path, tmp_path: Path) -
     expect_input_error(sensorguard.read, p, match=(str(p), "row 2", "'power_w'", "a number", "53.1x8"))
 
 
-def test_truncated_file_names_the_line(shared_data: Path, tmp_path: Path) -> None:
+def test_truncated_file_loses_its_cut_row_and_a_cut_row_inside_names_its_line(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """A logger killed mid-write leaves its last row cut: that row goes, the rest is read. A cut row with
+    rows after it is damage, not an end: an error naming its line."""
+    whole = sensorguard.read(_copy_with(shared_data, tmp_path, lambda s: s))
     p = _copy_with(shared_data, tmp_path, lambda s: s[: len(s) - 40])
-    expect_input_error(sensorguard.read, p, match=(str(p), "line", "16 comma-separated fields"))
+    cut = sensorguard.read(p)
+    assert [len(t) for t in cut] == [len(whole[0]), len(whole[1]) - 1]
+    assert np.array_equal(cut[1].time, whole[1].time[:-1])
+    assert np.array_equal(cut[0]["power"], whole[0]["power"])
+    lines = (shared_data / MIGRATION / "nvml.csv").read_bytes().decode().split("\r\n")  # ends in a break
+    p = _copy_with(shared_data, tmp_path, lambda s: "\r\n".join([*lines[:-3], lines[-3][:-40], *lines[-2:]]))
+    where = f"line {len(lines) - 2}"  # the next-to-last row, cut
+    expect_input_error(sensorguard.read, p, match=(str(p), where, "16 comma-separated fields"))
 
 
 def test_missing_column_is_named(shared_data: Path, tmp_path: Path) -> None:

@@ -373,6 +373,7 @@ def read_csv_strings(
     # Arrow's bad-row callback cannot decode non-UTF-8 text (it prints a stray traceback): check first.
     if not data.isascii():
         decode_utf8(path, data)
+    data = drop_cut_last_line(data, delimiter, n_columns)
     names = [f"c{i}" for i in range(n_columns)]
     fast = {f"c{i}" for i in numeric if 0 <= i < n_columns}
 
@@ -409,6 +410,26 @@ def read_csv_strings(
     return table
 
 
+def drop_cut_last_line(data: bytes, delimiter: str, n_columns: int) -> bytes:
+    """`data` without its last line when that line was cut short: no line break after it and fewer
+    fields than the header. A logger killed mid-write (`nvidia-smi -f` stopped by `kill`) leaves such a
+    line; every complete row before it is kept rather than refusing the whole file."""
+    if not data or data.endswith(b"\n"):
+        return data
+    cut = data.rfind(b"\n")
+    if cut < 0 or data[cut + 1 :].count(delimiter.encode()) >= n_columns - 1:
+        return data
+    return data[: cut + 1]
+
+
 def _line_of(data: bytes, text: str) -> int | None:
-    at = data.find(text.encode("utf-8", errors="replace")) if text else -1
-    return data.count(b"\n", 0, at) + 1 if at >= 0 else None
+    """The number of the first line of `data` that is `text` whole (a line break or the file's end after it,
+    "\r" allowed): a short bad row ('20', a cut timestamp) is also a piece of many good lines before it."""
+    needle = text.encode("utf-8", errors="replace") if text else b""
+    at = data.find(needle) if needle else -1
+    while at >= 0:
+        end = at + len(needle)
+        if (at == 0 or data[at - 1] == 0x0A) and (end == len(data) or data[end] in (0x0A, 0x0D)):
+            return data.count(b"\n", 0, at) + 1
+        at = data.find(needle, at + 1)
+    return None
