@@ -175,12 +175,12 @@ def test_battery_runs_the_check_first_and_packs_its_report(tmp_path: Path, share
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "nvml_check: exit 0" in done.stdout
-    report = json.loads((tmp_path / "h200" / "nvml_check.json").read_text())
+    report = json.loads((tmp_path / "dryrun" / "nvml_check.json").read_text())
     assert report["meta"]["dry_run"] is True
     with tarfile.open(tmp_path / "battery.tar.gz") as tar:
-        assert "h200/nvml_check.json" in tar.getnames()
+        assert "dryrun/nvml_check.json" in tar.getnames()
     skipped = tmp_path / "skipped"
     done = subprocess.run([sys.executable, str(BATTERY), "--dry-run", "--out", str(skipped), "--only",
                            "idle_released", "--active-s", "0.3", "--skip-nvml-check"], capture_output=True,
                           text=True, env=env, timeout=300)
-    assert done.returncode == 0 and not (skipped / "h200" / "nvml_check.json").exists()
+    assert done.returncode == 0 and not (skipped / "dryrun" / "nvml_check.json").exists()

@@ -11,7 +11,9 @@ counters. What it can script:
 - MIG: a parent with N MIG children, each replaying its own trace: `FakeNvml(mig={0: [trace, trace]})`;
 - NotSupported for any signal the trace lacks (the device "does not have" it), NoData for one NaN sample;
 - GPU health: ECC counters, remapped rows, PCIe replays, memory temperature (`set_health()`; NotSupported
-  until set, as on a consumer GPU), and XID events queued to the event sets registered on a GPU (`xid()`).
+  until set, as on a consumer GPU), and XID events queued to the event sets registered on a GPU (`xid()`);
+- the driver's sample buffers (`nvmlDeviceGetSamples`: total power, GPU and memory utilisation): one sample
+  per tick for the last `sample_buffer` ticks, stamped on the trace's clock or on `sample_clock`.
 
 A struct call (utilisation, memory info) is served only when all its fields are known; a static fact the
 traces do not record (memory total, power limit, max clocks) comes from the caller or reads NotSupported.
@@ -61,10 +63,17 @@ PATCHED = (
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieReplayCounter",
     "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
+    "nvmlDeviceGetSamples",
 )
 _ERROR_TYPES = {pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected"}
 _ECC_SCOPES = {pynvml.NVML_VOLATILE_ECC: "volatile", pynvml.NVML_AGGREGATE_ECC: "aggregate"}
+# nvmlDeviceGetSamples: sampling type -> (signal, factor from base units to NVML's: W -> mW, ratio -> %)
+_SAMPLE_SIGNAL = {
+    pynvml.NVML_TOTAL_POWER_SAMPLES: ("power", 1000.0),
+    pynvml.NVML_GPU_UTILIZATION_SAMPLES: ("gpu_util", 100.0),
+    pynvml.NVML_MEMORY_UTILIZATION_SAMPLES: ("mem_util", 100.0),
+}
 _GPM_SIGNAL = {
     pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_active",
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active",
@@ -170,8 +179,15 @@ class FakeNvml:
         init_error: int | None = None,
         driver_version: str = "fake-580.95.05",
         loop: bool = True,
+        sample_clock: tuple[float, float] | None = None,
+        sample_buffer: int = 120,
     ) -> None:
         self.tick = 0
+        # nvmlDeviceGetSamples: tick k's sample is stamped epoch + k * period (Unix s) when `sample_clock` is
+        # (epoch, period), else at the replayed trace's clock; the buffer keeps the last `sample_buffer`
+        # ticks.
+        self.sample_clock = sample_clock
+        self.sample_buffer = sample_buffer
         self.loop = loop
         self.init_error = init_error
         self.driver_version = driver_version
@@ -628,6 +644,40 @@ class FakeNvml:
         xid, gi = evset.queue.pop(0)
         return pynvml.c_nvmlEventData_t(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
                                         gpuInstanceId=gi, computeInstanceId=0xFFFFFFFF)
+
+    def nvmlDeviceGetSamples(self, handle: Any, sampling_type: int,
+                             last_seen_us: int) -> tuple[int, list[Any]]:
+        """The driver's buffer: one sample per tick for the last `sample_buffer` ticks up to now, in NVML's
+        units (mW, percent) as unsigned ints, only those stamped after `last_seen_us`; NotFound when none is.
+        A signal the trace lacks is NotSupported; a NaN tick has no sample. Board-level, so not per MIG
+        instance; utilisation not in MIG mode either (as nvmlDeviceGetUtilizationRates)."""
+        gpu = self._phys_only("nvmlDeviceGetSamples", handle)
+        spec = _SAMPLE_SIGNAL.get(sampling_type)
+        if spec is None or spec[0] not in gpu.cols or (gpu.children and spec[0] != "power"):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        signal, scale = spec
+        out: list[Any] = []
+        now = self.tick
+        try:
+            for k in range(max(0, now - self.sample_buffer + 1), now + 1):
+                self.tick = k
+                if self.sample_clock is not None:
+                    t_us = round((self.sample_clock[0] + k * self.sample_clock[1]) * 1e6)
+                else:
+                    t_us = round(self.time_s(gpu) * 1e6)
+                if t_us <= last_seen_us:
+                    continue
+                try:
+                    v = self.value(gpu, signal)
+                except pynvml.NVMLError:
+                    continue
+                out.append(pynvml.c_nvmlSample_t(timeStamp=t_us,
+                                                 sampleValue=pynvml.c_nvmlValue_t(uiVal=round(v * scale))))
+        finally:
+            self.tick = now
+        if not out:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out
 
     def nvmlEventSetFree(self, evset: Any) -> None:
         self._global("nvmlEventSetFree")
