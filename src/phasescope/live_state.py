@@ -36,7 +36,15 @@ from phasescope.display import (
 )
 from phasescope.kpi.cost import Prices, device_cost, mig_prices
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
-from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray, ProcessSample, Trace
+from phasescope.schema import (
+    HELD_MEM_BYTES,
+    PHASES,
+    SIGNAL_NAMES,
+    DeviceInfo,
+    FloatArray,
+    ProcessSample,
+    Trace,
+)
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
 from phasescope.sources.host import is_host_device
 
@@ -46,7 +54,7 @@ MAX_PROCESS_ROWS = 8  # sub-rows per device; the rest are summarised as "+N more
 NO_DEVICE = ""  # group key for processes the source could not tie to a device
 # Idle-but-held: a device some process holds (a process on it, or this much memory in use) whose phase is
 # idle, or, before the classifier has spoken, whose utilisation stayed under `idle_util` for IDLE_TICKS.
-HELD_MEM_BYTES = 1024.0**3  # a bare GPU shows a few hundred MiB at most (driver, display)
+# The memory bar, HELD_MEM_BYTES, lives in schema.py: `classify` and `fleet` judge recorded spans by it too.
 IDLE_TICKS = 30
 IDLE_HELD = "IDLE·HELD"
 HELD_MARK = " (held)"  # after a phase the newest classifier run could not judge: its % is from before

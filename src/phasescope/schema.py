@@ -66,6 +66,11 @@ PAPER_SIGNALS: tuple[str, ...] = tuple(s.name for s in _SIGNALS if s.paper)
 
 PHASES: tuple[str, ...] = ("training", "inference", "other", "idle")
 Phase = Literal["training", "inference", "other", "idle", "unknown"]
+# Idle that is *held*: a device holding at least this much memory (a loaded model, a CUDA context kept
+# open) while idle is paid for and doing nothing. A bare GPU shows a few hundred MiB at most (driver,
+# display: 453-728 MiB on the idle RTX 3090s in ../shared/data). The live view (live_state), `classify`
+# and `fleet` (classify/held.py) judge by this one bar.
+HELD_MEM_BYTES = 1024.0**3
 
 # Conversions from the units the common logs use into base units.
 MIB = 1024.0 * 1024.0

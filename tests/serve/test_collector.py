@@ -327,3 +327,20 @@ def test_a_gpu_without_power_has_phase_time_but_no_made_up_zero_energy(
     assert {lab["uuid"] for lab, _ in energy} == {powered.device.uuid}
     assert all(v > 0 for _, v in energy)
     assert promtool_check(text) == ""
+
+
+def test_idle_held_gauge_flags_the_pod_holding_its_model(shared_data: Path, model: PhaseModel) -> None:
+    """Real production pods (1 sample/min): one holds 17 GiB of Stable Diffusion weights at 0% for 45 minutes,
+    the other serves bursts. `phasescope_gpu_idle_held` is 1 for the first, 0 for the second, per device,
+    as the dashboard's "idle but held" (the same `LiveState.idle_held`)."""
+    traces = read(shared_data / "alibaba-gentd26" / "pod_gpu_duty_cycle_anon.csv")
+    pods = [next(t for t in traces if t.device.uuid.startswith(p))
+            for p in ("alibaba-gentd26:673d", "alibaba-gentd26:6dcc")]
+    agent = Agent(ReplaySource(pods), 60.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="node1")
+    feed(agent, ticks(pods, stop=45))
+    text = generate_latest(registry)
+    held = {lab["uuid"]: v for lab, v in samples(text)["phasescope_gpu_idle_held"]}
+    assert held == {pods[0].device.uuid: 1.0, pods[1].device.uuid: 0.0}
+    assert agent.snapshot()["idle_held"] == [pods[0].device.uuid]
+    assert promtool_check(text) == ""

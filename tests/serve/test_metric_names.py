@@ -32,6 +32,7 @@ def test_agreed_names() -> None:
     assert mn.GPU_INFO.name == "phasescope_gpu_info" and mn.GPU_INFO_LABELS == ("parent_uuid", "mig_profile")
     assert mn.POD_LABELS == ("pod", "namespace", "container")
     assert mn.TRAINING_ALARM.name == "phasescope_gpu_training_alarm"
+    assert (mn.IDLE_HELD.name, mn.IDLE_HELD.kind) == ("phasescope_gpu_idle_held", "gauge")
     # A point in time is a *_time_seconds gauge (as process_start_time_seconds), so time() - x is its age.
     assert mn.TRAINING_ALARM_START.name == "phasescope_gpu_training_alarm_start_time_seconds"
 
@@ -50,7 +51,8 @@ def test_every_signal_has_a_valid_name_counters_end_in_total() -> None:
     all_metrics = [*mn.SIGNAL_METRICS.values(), mn.PHASE_PROBABILITY, mn.PHASE_CONFIDENCE, mn.PHASE_CURRENT,
                    mn.PHASE_SECONDS, mn.PHASE_ENERGY, mn.SOURCE_UP, mn.SOURCE_ERRORS, mn.SAMPLER_TICKS,
                    mn.SAMPLER_SKIPPED, mn.SCRAPE_DURATION, mn.GPU_POD_INFO, mn.GPU_PROCESS_INFO,
-                   mn.GPU_INFO, mn.TRAINING_ALARM, mn.TRAINING_ALARM_START, *mn.HOST_METRICS.values()]
+                   mn.GPU_INFO, mn.TRAINING_ALARM, mn.TRAINING_ALARM_START, mn.IDLE_HELD,
+                   *mn.HOST_METRICS.values()]
     assert set(mn.SIGNAL_METRICS) == set(SIGNALS)
     names = [m.name for m in all_metrics]
     assert len(set(names)) == len(names)

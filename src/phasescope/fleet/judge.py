@@ -3,9 +3,11 @@
 Phase calls are the shipped model's (`PhaseModel.predict_trace`) through the same decision rules as
 `phasescope classify` (`decide.segments`, `decide.overall_label`). An idle segment counts as *held*
 when the device kept at least `held_mem_bytes` of memory allocated through it (a process, or a pod
-that requested the GPU, still owns it) or when a pod label is attached to the device's series. A bare
-driver context is a few hundred MiB (453-728 MiB on the idle RTX 3090s in ../shared/data), so the
-default bar is 1 GiB.
+that requested the GPU, still owns it; the median over the segment, `classify.held`) or when a pod label
+is attached to the device's series. A bare driver context is a few hundred MiB (453-728 MiB on the idle
+RTX 3090s in ../shared/data), so the default bar is `schema.HELD_MEM_BYTES`, 1 GiB, the live view's too.
+Without a memory series and a pod, an idle segment's held-ness cannot be told: `held` is None, and its
+time counts as idle.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from typing import Any
 import numpy as np
 
 from phasescope.classify import decide
+from phasescope.classify.held import memory_held
 from phasescope.classify.model import PhaseModel
 from phasescope.kpi.cost import Cost, Prices, cost_of, mig_prices
 from phasescope.kpi.energy import device_energy
-from phasescope.schema import PHASES, Trace
+from phasescope.schema import HELD_MEM_BYTES, PHASES, Trace
 
 HELD_IDLE = "held_idle"
-DEFAULT_HELD_MEM_BYTES = 1024.0**3
+DEFAULT_HELD_MEM_BYTES = HELD_MEM_BYTES
 
 
 @dataclass
@@ -38,6 +41,9 @@ class DeviceVerdict:
     label: str  # the phase holding most of the range (decide.overall_label; idle or held_idle), or "unknown"
     current: str  # the phase of the last segment
     held_idle: bool  # the current phase is idle and the device is held
+    # The range's idle is held (label held_idle) or not (label idle); False for a working label; None where it
+    # cannot be told (idle with no memory series and no pod; or unknown), as `classify --json`'s "held".
+    held: bool | None
     confidence: float  # mean probability of `current` over its segment (NaN when unknown)
     probabilities: dict[str, float]  # of the last judged window (NaN when none)
     segments: list[decide.Segment]
@@ -49,6 +55,7 @@ class DeviceVerdict:
     price_note: str = ""  # a MIG instance's share of its physical GPU's price (kpi/cost.py), or ""
     # Some price applied: then a None `held_idle_cost` is unmeasured held-idle energy, not "unpriced".
     priced: bool = False
+    segment_held: list[bool | None] = field(default_factory=list)  # per segment; None: not idle, or not told
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +68,7 @@ class DeviceVerdict:
             "label": self.label,
             "current": self.current,
             "held_idle": self.held_idle,
+            "held": self.held,
             "confidence": _num(self.confidence),
             "probabilities": {k: _num(v) for k, v in self.probabilities.items()},
             "seconds": dict(self.seconds),
@@ -70,29 +78,51 @@ class DeviceVerdict:
             "price_note": self.price_note,
             "samples": self.samples,
             "missing_signals": list(self.missing_signals),
-            "segments": [s.to_dict() for s in self.segments],
+            "segments": [_segment_dict(s, h) for s, h in
+                         zip(self.segments, self.segment_held or [None] * len(self.segments), strict=True)],
         }
+
+
+def _segment_dict(seg: decide.Segment, held: bool | None) -> dict[str, Any]:
+    out = seg.to_dict()
+    if seg.label == "idle":
+        out["held"] = held
+    return out
 
 
 def _num(x: float) -> float | None:
     return decide.finite_or_none(round(float(x), 4))  # 4 digits: a fleet JSON has thousands of them
 
 
-def _held_segments(
+def _segment_held(
     trace: Trace, segs: list[decide.Segment], held_mem_bytes: float, pod: str
-) -> list[tuple[float, float, str]]:
-    """Segments as (start, end, label) with idle segments of a held device relabelled `held_idle`."""
-    mem = trace["mem_used"]
-    out = []
+) -> list[bool | None]:
+    """Per segment: an idle one held (memory, or a pod on the device) or not, None where it cannot be told;
+    None for every other segment."""
+    out: list[bool | None] = []
     for s in segs:
-        label = s.label
-        if label == "idle":
-            inside = (trace.time >= s.start) & (trace.time <= s.end) & np.isfinite(mem)
-            held_mem = bool(inside.any()) and float(np.median(mem[inside])) >= held_mem_bytes
-            if held_mem or pod:
-                label = HELD_IDLE
-        out.append((s.start, s.end, label))
+        held = None
+        if s.label == "idle":
+            held = True if pod else memory_held(trace, [(s.start, s.end)], held_mem_bytes)
+        out.append(held)
     return out
+
+
+def _held_segments(
+    segs: list[decide.Segment], held: list[bool | None]
+) -> list[tuple[float, float, str]]:
+    """Segments as (start, end, label) with the held idle segments relabelled `held_idle`."""
+    return [(s.start, s.end, HELD_IDLE if h else s.label) for s, h in zip(segs, held, strict=True)]
+
+
+def _range_held(label: str, segs: list[decide.Segment], held: list[bool | None]) -> bool | None:
+    """The range's held flag for its fleet label (after `_fleet_label`)."""
+    if label == HELD_IDLE:
+        return True
+    if label != "idle":
+        return None if label == decide.UNKNOWN else False
+    told = [h for s, h in zip(segs, held, strict=True) if s.label == "idle" and h is not None]
+    return False if told else None  # idle: held time was the lesser part, or not told at all
 
 
 def _fleet_label(label: str, seconds: dict[str, float]) -> str:
@@ -113,7 +143,8 @@ def judge(
     segs = decide.segments(pred)
     extra = trace.device.extra
     pod = extra.get("pod", "")
-    labelled = _held_segments(trace, segs, held_mem_bytes, pod)
+    seg_held = _segment_held(trace, segs, held_mem_bytes, pod)
+    labelled = _held_segments(segs, seg_held)
     energy = device_energy(trace, labelled)
     seconds = {k: v.seconds for k, v in energy.phases.items()}
     held = energy.phases.get(HELD_IDLE)
@@ -130,6 +161,7 @@ def judge(
             if held is None
             else cost_of(held.seconds, held.joules, prices, measured=held.measured)
         )
+    label = _fleet_label(decide.overall_label(segs), seconds)
     return DeviceVerdict(
         uuid=trace.device.uuid,
         host=trace.device.host,
@@ -137,9 +169,10 @@ def judge(
         gpu=trace.device.index,
         pod=pod,
         namespace=extra.get("namespace", ""),
-        label=_fleet_label(decide.overall_label(segs), seconds),
+        label=label,
         current=current,
         held_idle=bool(labelled) and labelled[-1][2] == HELD_IDLE,
+        held=_range_held(label, segs, seg_held),
         confidence=segs[-1].confidence if segs else math.nan,
         probabilities=proba,
         segments=segs,
@@ -150,6 +183,7 @@ def judge(
         missing_signals=trace.missing_signals(),
         price_note=price_note,
         priced=prices is not None and prices.priced,
+        segment_held=seg_held,
     )
 
 

@@ -26,7 +26,7 @@ from phasescope.classify.model import PhaseModel
 from phasescope.errors import PhasescopeError
 from phasescope.fleet.judge import HELD_IDLE
 from phasescope.fleet.scan import ScanOptions, ScanResult, scan
-from phasescope.fleet.summary import COLUMNS, summary, waste_usd_text
+from phasescope.fleet.summary import COLUMNS, phase_text, summary, waste_usd_text
 from phasescope.kpi.cost import Prices
 from phasescope.schema import PHASES
 
@@ -266,7 +266,7 @@ def page_html(service: FleetService) -> str:
         parts.append(
             f"<tr><td>{html.escape(v['host'])}</td><td>{'' if v['gpu'] is None else v['gpu']}</td>"
             f"<td>{html.escape(v['uuid'])}</td><td>{html.escape(v['model'])}</td><td>{html.escape(pod)}</td>"
-            f"<td>{html.escape(v['label'])}</td><td class=n>{conf}</td>"
+            f"<td>{html.escape(phase_text(v['label'], v['held']))}</td><td class=n>{conf}</td>"
             f"<td class=n>{v['held_idle_gpu_hours']:.2f}</td><td>{_timeline(v, r.start, r.end)}</td></tr>"
         )
     parts.append(

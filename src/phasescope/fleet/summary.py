@@ -95,6 +95,12 @@ def _table(title: str, first: str, groups: dict[str, dict[str, int]]) -> Table:
     return table
 
 
+def phase_text(label: str, held: bool | None) -> str:
+    """A device's phase as the devices table says it: held idle is "idle (held)", as `phasescope classify`
+    prints it; held-ness not told (no memory series) reads "idle" alone."""
+    return "idle (held)" if label == HELD_IDLE or (label == "idle" and held) else label
+
+
 def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bool = True) -> None:
     s = summary(verdicts)
     console.print(_table(f"{s['gpus']} GPUs by host", "host", s["by_host"]))
@@ -119,11 +125,11 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
                 v.uuid,
                 v.model,
                 f"{v.namespace}/{v.pod}" if v.pod else "",
-                v.label,
-                v.current,
+                phase_text(v.label, v.held),
+                phase_text(v.current, v.held_idle),
                 "" if not math.isfinite(v.confidence) else f"{v.confidence:.2f}",
             )
         console.print(dev)
 
 
-__all__ = ["COLUMNS", "PHASES", "counts", "render", "summary", "waste", "waste_usd_text"]
+__all__ = ["COLUMNS", "PHASES", "counts", "phase_text", "render", "summary", "waste", "waste_usd_text"]

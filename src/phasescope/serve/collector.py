@@ -111,6 +111,8 @@ class PhasescopeCollector:
         proba = _family(mn.PHASE_PROBABILITY, [*labels, "phase"])
         confidence = _family(mn.PHASE_CONFIDENCE, labels)
         current = _family(mn.PHASE_CURRENT, [*labels, "phase"])
+        idle_held = _family(mn.IDLE_HELD, labels)
+        held_uuids = set(agent.state.idle_held())
         alarm = _family(mn.TRAINING_ALARM, labels)
         alarm_start = _family(mn.TRAINING_ALARM_START, labels)
         alarm_on = agent.classifier.alarm_enabled  # off: no series at all, rather than a made-up 0
@@ -147,6 +149,7 @@ class PhasescopeCollector:
             phase = reading.phase if reading else "unknown"
             for p in (*PHASES, "unknown"):
                 current.add_metric([*key, p], 1.0 if p == phase else 0.0)
+            idle_held.add_metric(key, 1.0 if info.uuid in held_uuids else 0.0)
             if reading is not None:
                 for p, v in reading.proba.items():
                     if math.isfinite(v):
@@ -168,7 +171,7 @@ class PhasescopeCollector:
             if merged is not None:
                 pod_info.add_metric([*key, *merged], 1.0)
         yield from (f for f in signals.values() if f.samples)
-        yield from (proba, confidence, current, seconds, energy)
+        yield from (proba, confidence, current, idle_held, seconds, energy)
         yield from (f for f in (alarm, alarm_start) if f.samples)
         yield from (f for f in (gpu_info, pod_info, process_info) if f.samples)
         yield from health_families.families()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phasescope.schema import SIGNALS
+from phasescope.schema import HELD_MEM_BYTES, SIGNALS
 
 PREFIX = "phasescope"
 DEVICE_LABELS: tuple[str, ...] = ("uuid", "gpu", "model", "host")
@@ -97,6 +97,12 @@ PHASE_SECONDS = MetricName(
 PHASE_ENERGY = MetricName(
     f"{PREFIX}_gpu_phase_energy_joules_total", "counter",
     "Energy drawn in each phase since the agent started (energy counter where present, else power integral)",
+)
+IDLE_HELD = MetricName(
+    f"{PREFIX}_gpu_idle_held", "gauge",
+    "1 while the device is idle but held (a process on it, or at least "
+    f"{HELD_MEM_BYTES / 1024**3:g} GiB of its memory in use: a loaded model or CUDA context serving "
+    "nothing), else 0",
 )
 TRAINING_ALARM = MetricName(
     f"{PREFIX}_gpu_training_alarm", "gauge",
