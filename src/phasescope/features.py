@@ -98,6 +98,9 @@ class WindowConfig:
     adapt_to_rate: bool = True
     # Caps on "seconds since" features, so that a long live trace looks like the runs the model saw.
     plateau_cap_s: float = 120.0
+    # Finer samples are averaged onto a grid this coarse, so a 10 Hz log and a 1 Hz poll of the same
+    # workload give the same features (NVML's own utilisation counter averages over up to 1 s anyway).
+    min_grid_s: float = 0.0
 
 
 # feature name -> signals it reads. "limits" features also need the device limits (else NaN).
@@ -183,9 +186,10 @@ class WindowFeatures:
     names: tuple[str, ...]
     n_samples: np.ndarray  # grid points with data, per window
     sufficient: np.ndarray  # bool: enough coverage to be judged
-    interval_s: float  # grid spacing (median sample interval)
+    interval_s: float  # grid spacing: the median sample interval, or the config's min_grid_s if coarser
     window_samples: int
     present_signals: list[str]
+    sample_interval_s: float = float("nan")  # the trace's own median sample interval (NaN: one sample)
 
     def column(self, name: str) -> FloatArray:
         return self.values[:, self.names.index(name)]
@@ -474,9 +478,10 @@ def window_features(
     order = np.argsort(trace.time, kind="stable")
     if np.any(np.diff(order) < 0):
         trace = trace.take(order)
-    dt = sample_interval(trace.time)
+    raw_dt = dt = sample_interval(trace.time)
     if not np.isfinite(dt):
         dt = 1.0  # a single sample: any grid will do; the window will be marked insufficient
+    dt = max(dt, cfg.min_grid_s)
     used = [
         s
         for s in (
@@ -660,7 +665,7 @@ def window_features(
         starts, ends, kept = _restore_gaps(starts, ends, trace.time, shift, dt)
         starts, ends, values = starts[kept], ends[kept], values[kept]
         n_samples, sufficient = n_samples[kept], sufficient[kept]
-    return WindowFeatures(starts, ends, values, FEATURE_NAMES, n_samples, sufficient, dt, w, present)
+    return WindowFeatures(starts, ends, values, FEATURE_NAMES, n_samples, sufficient, dt, w, present, raw_dt)
 
 
 # A silence longer than this many sample intervals (a log resumed days later, a clock that jumped) is

@@ -23,12 +23,15 @@ def test_eval_json(labels: Path, capsys: pytest.CaptureFixture[str]) -> None:
     res = out["results"][0]
     assert res["split"] == "run" and res["folds"] == 3
     w = res["model"]["window"]
-    assert w["windows"] == out["windows"] and 0.5 < w["accuracy"] <= 1
+    # Eight families with two runs each: a new run is often unlike its family's other one, so the
+    # calibrated model calls few windows; those it calls are mostly right.
+    assert w["windows"] == out["windows"] and 0.2 < w["called_fraction"] <= 1
+    assert 0.8 < w["accuracy_on_called"] <= 1 and w["confidently_wrong"] < 0.05
     assert set(w["per_class"]) == {"training", "inference", "other", "idle"}
 
 
 def test_eval_table_with_family_split(labels: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", str(labels), "--split", "family"]) == 0
+    assert main(["eval", str(labels), "--split", "family", "--baseline", "none"]) == 0
     text = capsys.readouterr().out
     assert "split: family" in text and "window accuracy" in text and "confusion (phasescope)" in text
     assert "duty_shaping" in text
@@ -90,7 +93,7 @@ def test_eval_extra_data_and_held_out_splits(
 
 
 def test_eval_progress_lines_on_a_pipe(labels: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", str(labels), "-k", "3"]) == 0
+    assert main(["eval", str(labels), "-k", "3", "--split", "run", "--baseline", "none"]) == 0
     err = capsys.readouterr().err
     assert "window features for" in err and err.count("run fold") == 3
 

@@ -60,6 +60,91 @@ class UnknownRules:
     min_signals: int = 2  # of the paper's 9
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """How a submodel's raw probabilities become calibrated ones, and when it must say unknown.
+
+    All of it is fitted on the training side only.
+    - `temperature`: probabilities are softmax(log p / T), T fitted on out-of-fold predictions (folds of
+      whole runs); T > 1 flattens an over-confident booster.
+    - `low`/`high`: per feature, the range the training windows spanned (0.5th and 99.5th percentile);
+      a window with many features outside it is unlike the training data.
+    """
+
+    temperature: float
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    groups: tuple[str, ...] = ()  # what was held out in turn to fit it (sources, or "run folds")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "low": [_json_num(v) for v in self.low],
+            "high": [_json_num(v) for v in self.high],
+            "groups": list(self.groups),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], n_features: int) -> Calibration:
+        low = tuple(_num_or_nan(v) for v in d["low"])
+        high = tuple(_num_or_nan(v) for v in d["high"])
+        temperature = float(d["temperature"])
+        if len(low) != n_features or len(high) != n_features:
+            raise ValueError("calibration ranges do not match the submodel's features")
+        if not (np.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"calibration temperature {temperature} is not a positive number")
+        return cls(temperature, low, high, tuple(str(g) for g in d.get("groups", ())))
+
+
+def _json_num(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
+def _num_or_nan(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def calibrate(raw: FloatArray, temperature: float) -> FloatArray:
+    """Temperature-scaled probabilities: softmax(log p / T), row by row."""
+    if temperature == 1.0 or raw.size == 0:
+        return raw
+    logit = np.log(np.clip(raw, 1e-12, 1.0)) / temperature
+    logit -= logit.max(axis=1, keepdims=True)
+    e = np.exp(logit)
+    return np.asarray(e / e.sum(axis=1, keepdims=True), dtype=np.float64)
+
+
+# A window's 90th-percentile power this far above the known limit cannot be that board at that limit.
+POWER_OVER_LIMIT = 1.15
+
+# Where the device works relative to its own limits. Trees extrapolate flat beyond the last split, so a
+# window at an operating point no training window had (a GPU filled to 90% when none in training was)
+# is judged as "unlike the training data" even when the rest of its features look familiar.
+OPERATING_POINT = frozenset({"mem_frac", "power_frac_mean", "memutil_mean", "memutil_per_util"})
+
+# Signal groups named in "unlike the training data" reasons, by feature-name prefix.
+_GROUP_WORDS = (
+    ("util", "utilisation"),
+    ("memutil", "memory-controller activity"),
+    ("power", "power"),
+    ("mem", "memory use"),
+    ("corr", "how signals move together"),
+    ("temp", "temperature"),
+    ("sm_clock", "clocks"),
+    ("mem_clock", "clocks"),
+    ("pcie", "PCIe traffic"),
+)
+
+
+def _feature_group(name: str) -> str:
+    best = ""
+    word = "telemetry"
+    for prefix, w in _GROUP_WORDS:
+        if name.startswith(prefix) and len(prefix) > len(best):
+            best, word = prefix, w
+    return word
+
+
 @dataclass
 class Submodel:
     name: str
@@ -67,6 +152,7 @@ class Submodel:
     features: tuple[str, ...]
     _booster: Any = None  # lightgbm.Booster, parsed from `booster_text` on first use
     booster_text: str = ""
+    calibration: Calibration | None = None
 
     @property
     def booster(self) -> Any:
@@ -79,13 +165,72 @@ class Submodel:
                 ) from None
         return self._booster
 
-    def predict(self, values: FloatArray) -> FloatArray:
+    def predict_raw(self, values: FloatArray) -> FloatArray:
+        """The booster's own probabilities, before calibration."""
         x = values[:, _columns(self.features)]
         if x.shape[0] == 0:
             return np.zeros((0, len(PHASES)))
         return np.asarray(self.booster.predict(x, num_threads=1), dtype=np.float64).reshape(
             x.shape[0], len(PHASES)
         )
+
+    def predict(self, values: FloatArray) -> FloatArray:
+        """Calibrated probabilities (the raw ones for a model fitted without calibration)."""
+        raw = self.predict_raw(values)
+        return raw if self.calibration is None else calibrate(raw, self.calibration.temperature)
+
+    def judge(self, values: FloatArray, min_proba: float) -> tuple[FloatArray, np.ndarray, list[str]]:
+        """Calibrated probabilities, the called class per window (-1: unknown) and why unknown.
+
+        A window is unknown when its best probability is below `min_proba`, when too many of its
+        features lie outside what the training windows spanned, or when the conformal prediction set
+        is not a single class (two or more fit: the telemetry cannot tell them apart; none fits: it
+        looks like no class the model knows)."""
+        p = self.predict(values)
+        n = p.shape[0]
+        best = p.argmax(axis=1) if n else np.zeros(0, dtype=np.int64)
+        conf = p.max(axis=1) if n else np.zeros(0)
+        called = np.full(n, -1, dtype=np.int64)
+        reasons = [""] * n
+        cal = self.calibration
+        ood: list[str] = [""] * n
+        call_at = min_proba
+        if cal is not None and n:
+            ood = self._outside(values, cal)
+        for i in range(n):
+            if ood[i]:
+                reasons[i] = ood[i]
+            elif conf[i] < call_at:
+                order = np.argsort(-p[i])
+                near = [PHASES[c] for c in order if p[i, c] >= 0.5 * conf[i]][:3]
+                reasons[i] = f"best probability {conf[i]:.2f} < {call_at}"
+                if len(near) > 1:
+                    reasons[i] = f"could be {' or '.join(near)}: {reasons[i]}"
+            else:
+                called[i] = int(best[i])
+        return p, called, reasons
+
+    def _outside(self, values: FloatArray, cal: Calibration) -> list[str]:
+        """Per window, a reason when a quarter or more of its features lie outside the training range
+        (widened by a tenth of its width), naming the signals involved; "" otherwise."""
+        x = values[:, _columns(self.features)]
+        lo, hi = np.asarray(cal.low), np.asarray(cal.high)
+        pad = 0.1 * np.where(np.isfinite(hi - lo), hi - lo, 0.0)
+        with np.errstate(invalid="ignore"):
+            out = np.isfinite(x) & ((x < (lo - pad)[None, :]) | (x > (hi + pad)[None, :]))
+        present = np.isfinite(x).sum(axis=1)
+        key = [j for j, f in enumerate(self.features) if f in OPERATING_POINT]
+        flag = (out.sum(axis=1) >= np.maximum(1, 0.25 * present)) | out[:, key].any(axis=1)
+        res = [""] * x.shape[0]
+        for i in np.flatnonzero(flag):
+            groups = sorted({_feature_group(self.features[j]) for j in np.flatnonzero(out[i])})
+            res[int(i)] = f"{', '.join(groups)} unlike any training example"
+        if "power_frac_p90" in self.features:
+            # Above the board's limit: the limit (or the GPU model it came from) is wrong for this trace.
+            over = x[:, self.features.index("power_frac_p90")] > POWER_OVER_LIMIT
+            for i in np.flatnonzero(over):
+                res[int(i)] = "power above this GPU's limit: is the GPU model right?"
+        return res
 
     def contributions(self, values: FloatArray, classes: np.ndarray, top: int = 3) -> list[dict[str, float]]:
         """Top feature contributions (LightGBM SHAP, log-odds) towards each window's class."""
@@ -185,7 +330,18 @@ class PhaseModel:
                     raise InputError(
                         where, f"submodel {s['name']}", "a LightGBM model in text format", str(text)[:40]
                     )
-                subs.append(Submodel(s["name"], tuple(s["signals"]), tuple(s["features"]), None, text))
+                cal = None
+                if s.get("calibration") is not None:
+                    try:
+                        cal = Calibration.from_dict(s["calibration"], len(s["features"]))
+                    except (ValueError, KeyError, TypeError) as exc:
+                        raise InputError(
+                            where, f"submodel {s['name']} calibration", "temperature, thresholds, ranges",
+                            str(exc)[:80],
+                        ) from None
+                subs.append(
+                    Submodel(s["name"], tuple(s["signals"]), tuple(s["features"]), None, text, cal)
+                )
         except (KeyError, TypeError) as exc:
             raise InputError(
                 where, "model document", "window, unknown_rules and submodels", repr(exc)
@@ -206,6 +362,7 @@ class PhaseModel:
                     "signals": list(s.signals),
                     "features": list(s.features),
                     "booster": s.booster_text or s.booster.model_to_string(),
+                    "calibration": s.calibration.to_dict() if s.calibration else None,
                 }
                 for s in self.submodels
             ],
@@ -236,30 +393,30 @@ class PhaseModel:
         r = self.rules
         if sub is None or len(paper_present) < r.min_signals:
             return proba, labels, ev, "", ["too few signals"] * n
-        if not (r.min_interval_s <= wf.interval_s <= r.max_interval_s):
+        # The trace's own rate, not the grid's: a 100 Hz log averaged onto 1 s bins is still 100 Hz data.
+        interval = wf.sample_interval_s if np.isfinite(wf.sample_interval_s) else wf.interval_s
+        if not (r.min_interval_s <= interval <= r.max_interval_s):
             return (
                 proba,
                 labels,
                 ev,
                 sub.name,
-                [f"sample interval {wf.interval_s:.3g}s outside {r.min_interval_s}-{r.max_interval_s}s"] * n,
+                [f"sample interval {interval:.3g}s outside {r.min_interval_s}-{r.max_interval_s}s"] * n,
             )
         judged = wf.sufficient
         idx = np.flatnonzero(judged)
         if idx.size:
-            p = sub.predict(wf.values[idx])
+            p, called, why = sub.judge(wf.values[idx], r.min_proba)
             proba[idx] = p
-            best = p.argmax(axis=1)
-            conf = p.max(axis=1)
-            called = conf >= r.min_proba
-            for i, b in zip(idx[called].tolist(), best[called].tolist(), strict=True):
-                labels[i] = PHASES[b]
-            for i, c in zip(idx[~called].tolist(), conf[~called].tolist(), strict=True):
-                reasons[i] = f"best probability {c:.2f} < {r.min_proba}"
+            for k, (i, c) in enumerate(zip(idx.tolist(), called.tolist(), strict=True)):
+                if c >= 0:
+                    labels[i] = PHASES[c]
+                else:
+                    reasons[i] = why[k]
             if evidence:
-                for j, e in zip(idx, sub.contributions(wf.values[idx], best), strict=True):
+                for j, e in zip(idx, sub.contributions(wf.values[idx], p.argmax(axis=1)), strict=True):
                     ev[int(j)] = e
-        for i in np.flatnonzero(~judged):
+        for i in np.flatnonzero(~judged).tolist():
             reasons[i] = "too little data in window"
         return proba, labels, ev, sub.name, reasons
 

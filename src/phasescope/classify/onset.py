@@ -289,7 +289,7 @@ def fit_onset(table: train.WindowTable, runs: set[str] | None = None,
               subsets: Sequence[str] | None = None, card: dict[str, Any] | None = None) -> PhaseModel:
     """The onset model fitted on the table's cases whose run is in `runs` (None: all)."""
     ids = np.array([i for i, e in enumerate(table.examples) if runs is None or e.run in runs], dtype=np.int64)
-    model = train.fit_model(table, ids, subsets=subsets, card=card, config=onset_config())
+    model = train.fit_model(table, ids, subsets=subsets, card=card, config=onset_config(), calibrated=False)
     model.version = ALARM_MODEL_VERSION
     return model
 

@@ -102,7 +102,7 @@ def paper_features(trace: Trace, config: WindowConfig | None = None) -> FloatArr
     if len(trace) == 0:
         return np.zeros((0, len(FEATURE_NAMES)))
     dt = sample_interval(trace.time)
-    dt = dt if np.isfinite(dt) else 1.0
+    dt = max(dt if np.isfinite(dt) else 1.0, cfg.min_grid_s)
     present = [s for s in PAPER_SIGNALS if trace.has(s)]
     _, grid = resample(trace, dt, present)
     n_grid = int(np.floor((trace.time[-1] - trace.time[0]) / dt + 0.5)) + 1

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from phasescope.classify.dataset import Example
-from phasescope.classify.model import PhaseModel, Submodel, UnknownRules
+from phasescope.classify.model import Calibration, PhaseModel, Submodel, UnknownRules, calibrate
 from phasescope.features import (
     FEATURE_NAMES,
     WindowConfig,
@@ -32,7 +32,12 @@ from phasescope.features import (
 )
 from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray
 
-MODEL_VERSION = "0.2.0"
+MODEL_VERSION = "0.3.0"
+
+# The phase model's windows: 30 s every 15 s on a grid of at least 1 s, so logs at 4 or 10 Hz and a
+# 1 Hz poll give the same features (before 0.3.0 each trace kept its own rate, and the model learnt the
+# sources' rates as well as their workloads).
+PHASE_CONFIG = WindowConfig(min_grid_s=1.0)
 
 _PCIE = {"pcie_tx", "pcie_rx"}
 _CLOCKS = {"sm_clock", "mem_clock"}
@@ -49,6 +54,11 @@ SUBSETS: dict[str, frozenset[str]] = {
     "power_util": frozenset({"power", "gpu_util"}),
     "power_mem": frozenset({"power", "mem_used"}),
 }
+
+def model_features(signals: frozenset[str]) -> list[str]:
+    """The features a submodel for `signals` is fitted on (every feature those signals allow)."""
+    return features_for_signals(signals)
+
 
 LGB_PARAMS: dict[str, Any] = {
     "objective": "multiclass",
@@ -81,6 +91,7 @@ class WindowTable:
     examples: list[Example]
     present: list[frozenset[str]]  # per example
     seconds: float = 0.0
+    config: WindowConfig = PHASE_CONFIG
 
     def rows(self, example_ids: np.ndarray, copies: Sequence[int]) -> np.ndarray:
         m = np.isin(self.ex, example_ids) & np.isin(self.copy, list(copies))
@@ -90,7 +101,7 @@ class WindowTable:
 def build_table(
     examples: Sequence[Example], config: WindowConfig | None = None, limit_dropout: bool = True
 ) -> WindowTable:
-    cfg = config or WindowConfig()
+    cfg = config or PHASE_CONFIG
     t0 = time.perf_counter()
     Xs, ys, exs, copies, suff, ivs = [], [], [], [], [], []
     present: list[frozenset[str]] = []
@@ -107,7 +118,8 @@ def build_table(
             exs.append(np.full(n, i))
             copies.append(np.full(n, copy))
             suff.append(wf.sufficient)
-            ivs.append(np.full(n, wf.interval_s))
+            rate = wf.sample_interval_s if np.isfinite(wf.sample_interval_s) else wf.interval_s
+            ivs.append(np.full(n, rate))
     cat = np.concatenate
     return WindowTable(
         cat(Xs),
@@ -119,6 +131,7 @@ def build_table(
         list(examples),
         present,
         time.perf_counter() - t0,
+        cfg,
     )
 
 
@@ -136,18 +149,18 @@ def _weights(table: WindowTable, rows: np.ndarray) -> FloatArray:
     return w * rows.size / max(len(classes), 1)
 
 
-def fit_submodel(
-    table: WindowTable, train_ids: np.ndarray, name: str, signals: frozenset[str], rounds: int = NUM_ROUNDS
-) -> Submodel | None:
-    import lightgbm as lgb
-
+def _fit_rows(table: WindowTable, train_ids: np.ndarray, signals: frozenset[str]) -> np.ndarray:
+    """Table rows a submodel for `signals` is fitted on: both copies of the eligible examples' judged
+    windows at a validated sample rate."""
     eligible = np.array([i for i in train_ids if signals <= table.present[i]], dtype=np.int64)
     rows = table.rows(eligible, (0, 1))
-    rows = rows[table.sufficient[rows] & _in_range(table.interval_s[rows])]
-    if rows.size < 50 or np.unique(table.y[rows]).size < 2:
-        return None
-    feats = features_for_signals(signals)
-    cols = [FEATURE_NAMES.index(f) for f in feats]
+    return rows[table.sufficient[rows] & _in_range(table.interval_s[rows])]
+
+
+def _booster(table: WindowTable, rows: np.ndarray, feats: Sequence[str], rounds: int) -> Any:
+    import lightgbm as lgb
+
+    cols = np.array([FEATURE_NAMES.index(f) for f in feats], dtype=np.intp)
     ds = lgb.Dataset(
         table.X[np.ix_(rows, cols)],
         label=table.y[rows],
@@ -155,8 +168,94 @@ def fit_submodel(
         feature_name=list(feats),
         free_raw_data=True,
     )
-    booster = lgb.train(LGB_PARAMS, ds, num_boost_round=rounds)
-    return Submodel(name, tuple(sorted(signals)), tuple(feats), booster, booster.model_to_string())
+    return lgb.train(LGB_PARAMS, ds, num_boost_round=rounds)
+
+
+def fit_submodel(
+    table: WindowTable,
+    train_ids: np.ndarray,
+    name: str,
+    signals: frozenset[str],
+    rounds: int = NUM_ROUNDS,
+    calibrated: bool = True,
+) -> Submodel | None:
+    rows = _fit_rows(table, train_ids, signals)
+    if rows.size < 50 or np.unique(table.y[rows]).size < 2:
+        return None
+    feats = model_features(signals)
+    booster = _booster(table, rows, feats, rounds)
+    cal = fit_calibration(table, train_ids, signals, feats, rounds) if calibrated else None
+    return Submodel(name, tuple(sorted(signals)), tuple(feats), booster, booster.model_to_string(), cal)
+
+
+
+
+CALIBRATION_FOLDS = 3
+
+
+def _inner_groups(table: WindowTable, ids: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Per example in `ids`, the fold of whole runs (stratified by family) it is held out with when
+    calibrating.
+
+    Runs, not sources: holding a source out makes the booster confidently wrong on much of it, and a
+    temperature fitted to that (up to 20 in a trial) flattened every answer, idle bystanders included,
+    below the call level. Telling familiar telemetry from unfamiliar is the range check's job; the
+    temperature calibrates the familiar."""
+    assign = stratified_run_folds([table.examples[i] for i in ids], CALIBRATION_FOLDS, 0)
+    groups = np.array([f"runs{assign[table.examples[i].run]}" for i in ids])
+    return groups, (f"{CALIBRATION_FOLDS} folds of whole runs",)
+
+
+def fit_calibration(
+    table: WindowTable, train_ids: np.ndarray, signals: frozenset[str], feats: Sequence[str], rounds: int
+) -> Calibration | None:
+    """The temperature from out-of-fold predictions on the training side, and the feature ranges.
+
+    Each fold of whole runs is held out in turn; a booster fitted on the rest predicts its windows, and
+    the temperature is the one that best fits those predictions (log loss, each class and run weighing
+    as in fitting). The ranges (0.5th to 99.5th percentile per feature) come from all training rows."""
+    eligible = np.array([i for i in train_ids if signals <= table.present[i]], dtype=np.int64)
+    if eligible.size == 0:
+        return None
+    groups, names = _inner_groups(table, eligible)
+    rows_all = _fit_rows(table, eligible, signals)
+    cols = np.array([FEATURE_NAMES.index(f) for f in feats], dtype=np.intp)
+    x_all = table.X[np.ix_(rows_all, cols)]
+    with np.errstate(all="ignore"):
+        low = np.nanpercentile(x_all, 0.5, axis=0) if rows_all.size else np.full(len(cols), np.nan)
+        high = np.nanpercentile(x_all, 99.5, axis=0) if rows_all.size else np.full(len(cols), np.nan)
+    oof_rows: list[np.ndarray] = []
+    oof_p: list[FloatArray] = []
+    for g in sorted(set(groups)):
+        held = eligible[groups == g]
+        fit = _fit_rows(table, eligible[groups != g], signals)
+        test = _fit_rows(table, held, signals)
+        test = test[table.copy[test] == 1]
+        if fit.size < 50 or np.unique(table.y[fit]).size < 2 or test.size == 0:
+            continue
+        b = _booster(table, fit, feats, rounds)
+        p = np.asarray(b.predict(table.X[np.ix_(test, cols)], num_threads=1)).reshape(test.size, len(PHASES))
+        oof_rows.append(test)
+        oof_p.append(p)
+    if not oof_rows:  # nothing could be held out: no evidence for any level, so none is set
+        return Calibration(1.0, tuple(low), tuple(high), names)
+    rows = np.concatenate(oof_rows)
+    raw = np.concatenate(oof_p)
+    y = table.y[rows]
+    w = _weights(table, rows)
+    return Calibration(_fit_temperature(raw, y, w), tuple(low), tuple(high), names)
+
+
+def _fit_temperature(raw: FloatArray, y: np.ndarray, w: FloatArray) -> float:
+    """The temperature (0.5 to 20, on a log grid) with the least weighted log loss."""
+    best_t, best = 1.0, np.inf
+    for t in np.geomspace(0.5, 20.0, 61):
+        p = calibrate(raw, float(t))
+        loss = -float(np.sum(w * np.log(np.clip(p[np.arange(y.size), y], 1e-12, 1.0))))
+        if loss < best:
+            best_t, best = float(t), loss
+    return best_t
+
 
 
 def _in_range(interval: FloatArray, rules: UnknownRules | None = None) -> np.ndarray:
@@ -170,14 +269,18 @@ def fit_model(
     subsets: Sequence[str] | None = None,
     card: dict[str, Any] | None = None,
     config: WindowConfig | None = None,
+    calibrated: bool = True,
 ) -> PhaseModel:
+    """One booster per signal subset (those in `subsets`, default all) on the examples `train_ids`;
+    `calibrated` also fits each one's calibration (see `fit_calibration`), which costs one more fit
+    per training source."""
     ids = np.arange(len(table.examples)) if train_ids is None else train_ids
     subs = []
     for name in subsets or SUBSETS:
-        sm = fit_submodel(table, ids, name, SUBSETS[name])
+        sm = fit_submodel(table, ids, name, SUBSETS[name], calibrated=calibrated)
         if sm is not None:
             subs.append(sm)
-    return PhaseModel(MODEL_VERSION, config or WindowConfig(), UnknownRules(), subs, card)
+    return PhaseModel(MODEL_VERSION, config or table.config, UnknownRules(), subs, card)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,13 +328,12 @@ def predict_rows(
         ok = table.sufficient[rr]
         if not ok.any():
             continue
-        p = sub.predict(table.X[rr[ok]])
+        p, called, _ = sub.judge(table.X[rr[ok]], r.min_proba)
         raw[pos[ok]] = p.argmax(axis=1)
         if not _in_range(table.interval_s[rr[:1]], r)[0]:
             continue
         proba[pos[ok]] = p
-        called = p.max(axis=1) >= r.min_proba
-        labels[pos[ok]] = np.where(called, p.argmax(axis=1), -1)
+        labels[pos[ok]] = called
     return proba, labels, raw
 
 
@@ -401,11 +503,12 @@ def metrics(table: WindowTable, pred: Predictions) -> dict[str, Any]:
         }
 
     res["window"] = window_block(~is_ali)
-    # Run level: mean probability over the example's called windows, argmax.
+    res["window"].update(reliability(proba[~is_ali], labels[~is_ali], y[~is_ali]))
+    # Run level: mean probability over the example's called windows, argmax; unknown when none is called.
     ex_ids = np.unique(ex)
     run_pred = {}
     for e in ex_ids:
-        m = (ex == e) & np.isfinite(proba).all(axis=1)
+        m = (ex == e) & np.isfinite(proba).all(axis=1) & (labels >= 0)
         run_pred[int(e)] = int(np.argmax(proba[m].mean(axis=0))) if m.any() else -1
 
     def run_block(ids: Sequence[int]) -> dict[str, Any]:
@@ -429,6 +532,14 @@ def metrics(table: WindowTable, pred: Predictions) -> dict[str, Any]:
 
     main_ids = [int(e) for e in ex_ids if not table.examples[e].source.startswith(ALIBABA_SOURCE_PREFIX)]
     res["run"] = run_block(main_ids)
+    by_source: dict[str, dict[str, Any]] = {}
+    for src in sorted({table.examples[i].source for i in main_ids}):
+        ids = [i for i in main_ids if table.examples[i].source == src]
+        wm = np.isin(ex, ids)
+        block = window_block(wm)
+        block.update(reliability(proba[wm], labels[wm], y[wm]))
+        by_source[src] = {"window": block, "run": run_block(ids)}
+    res["by_source"] = by_source
     workload = [i for i in main_ids if table.examples[i].family != "bystander_idle"]
     res["run_workloads_only"] = run_block(workload)
     fam: dict[str, dict[str, Any]] = {}
@@ -465,6 +576,43 @@ def metrics(table: WindowTable, pred: Predictions) -> dict[str, Any]:
     return res
 
 
+CONFIDENT = 0.8  # "confidently wrong": called with at least this probability, and wrong
+RISK_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def reliability(proba: FloatArray, labels: np.ndarray, y: np.ndarray, bins: int = 10) -> dict[str, Any]:
+    """Calibration and selective-accuracy figures for windows (unknown counts as not called).
+
+    - `ece`: expected calibration error of the best-class probability over the judged windows (those
+      with probabilities), in `bins` equal-width bins: sum over bins of share x |accuracy - confidence|;
+    - `confidently_wrong`: share of all windows called with probability >= CONFIDENT and wrong;
+    - `coverage_accuracy`: for each level, the share of windows whose best probability reaches it and
+      the accuracy of those windows' argmax (the trade-off a stricter `min_confidence` buys).
+    """
+    n = y.size
+    judged = np.isfinite(proba).all(axis=1) if n else np.zeros(0, dtype=bool)
+    conf = np.where(judged, np.nan_to_num(proba, nan=0.0).max(axis=1), 0.0) if n else np.zeros(0)
+    best = np.nan_to_num(proba, nan=-1.0).argmax(axis=1) if n else np.zeros(0, dtype=np.int64)
+    right = best == y
+    ece = float("nan")
+    if judged.any():
+        c, r = conf[judged], right[judged]
+        edges = np.minimum((c * bins).astype(np.int64), bins - 1)
+        ece = 0.0
+        for b in range(bins):
+            m = edges == b
+            if m.any():
+                ece += m.mean() * abs(float(r[m].mean()) - float(c[m].mean()))
+    wrong_conf = (labels >= 0) & (labels != y) & (conf >= CONFIDENT)
+    curve = []
+    for level in RISK_LEVELS:
+        m = judged & (conf >= level)
+        curve.append(
+            {"level": level, "coverage": _ratio(m.sum(), n), "accuracy": _ratio((right & m).sum(), m.sum())}
+        )
+    return {"ece": ece, "confidently_wrong": _ratio(wrong_conf.sum(), n), "coverage_accuracy": curve}
+
+
 def _ratio(a: Any, b: Any) -> float:
     return float(a) / float(b) if b else float("nan")
 
@@ -477,7 +625,7 @@ def paper_matrix(table: WindowTable, config: WindowConfig | None = None) -> Floa
     out = np.full((table.X.shape[0], len(PAPER_NAMES)), np.nan)
     for i, ex in enumerate(table.examples):
         rows = np.flatnonzero((table.ex == i) & (table.copy == 1))
-        f = paper_features(ex.trace, config)
+        f = paper_features(ex.trace, config or table.config)
         if f.shape[0] != rows.size:
             raise AssertionError(f"baseline windows {f.shape[0]} != feature windows {rows.size} for {ex.key}")
         out[rows] = f
@@ -581,7 +729,7 @@ def _restrict(table: WindowTable, signals: frozenset[str]) -> WindowTable:
     keep_ex = np.array([signals <= p for p in table.present])
     rows = np.flatnonzero(keep_ex[table.ex])
     X = table.X[rows].copy()
-    allowed = set(features_for_signals(signals))
+    allowed = set(model_features(signals))
     for j, f in enumerate(FEATURE_NAMES):
         if f not in allowed:
             X[:, j] = np.nan
@@ -595,6 +743,7 @@ def _restrict(table: WindowTable, signals: frozenset[str]) -> WindowTable:
         table.interval_s[rows],
         [e for e, k in zip(table.examples, keep_ex, strict=True) if k],
         [signals for k in keep_ex if k],
+        config=table.config,
     )
 
 
@@ -623,7 +772,10 @@ def model_card(table: WindowTable, evaluation: dict[str, Any] | None, seconds: f
         "classes": list(PHASES),
         "algorithm": f"LightGBM multiclass, {NUM_ROUNDS} rounds, {LGB_PARAMS['num_leaves']} leaves, "
         "one booster per "
-        "signal subset; class- and run-balanced weights; device-limit dropout",
+        "signal subset; class- and run-balanced weights; device-limit dropout; temperature "
+        f"calibration on {CALIBRATION_FOLDS} run folds; unknown outside the training ranges",
+        "sources": sorted({e.source for e in table.examples}),
+        "window_grid_s": table.config.min_grid_s,
         "training_data": {
             **s,
             "windows": int((table.copy == 1).sum()),

@@ -1,8 +1,14 @@
 """`phasescope classify PATH...`: classify recorded traces offline, one verdict per device trace.
 
 `--json` prints one object per device trace per line:
-    {"path", "device", "label", "probabilities", "missing_signals", "segments": [...],
+    {"path", "device", "label", "probabilities", "missing_signals", "held", "held_by", "segments": [...],
      "windows": [{"start", "end", "label", "p_training"}], ...}
+"held" says whether the device's idle is *held* (a loaded model or a CUDA context kept while serving
+nothing: `classify.held`, the rule the live view uses): true or false for a device labelled idle, false for
+one labelled a working phase, null where it cannot be told (no memory reading in its idle time, or the
+label is unknown).
+Each idle segment carries its own "held". "held_by" lists the processes seen on the device in that idle time
+({"pid", "name"}) where the file recorded processes (a phasescope recording), else null.
 plus "thresholds" ({"min_confidence", "min_segment_s"}: the ones set) only when the config file or a flag
 sets `[thresholds] min_confidence` / `min_segment_s`; unset, the output is the evaluated rules' alone.
 Without it, a short table and a timeline strip per device. A file that cannot be read gets one line on
@@ -14,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,6 +29,7 @@ import click
 import numpy as np
 
 from phasescope.classify import decide
+from phasescope.classify.held import DeviceProcesses, Held, judge_spans, processes_by_device
 from phasescope.cli._options import FiniteFloatRange
 from phasescope.config import ThresholdConfig
 from phasescope.errors import PhasescopeError
@@ -36,6 +44,7 @@ _GLYPH: dict[str, tuple[str, str]] = {
     decide.UNKNOWN: ("?", "magenta"),
 }
 _STRIP_WIDTH = 96  # longer traces show the majority label of several windows per char
+HELD_TEXT = " (held)"  # after "idle" in the human output: idle while holding a model or context
 
 
 class ClassifyFailed(PhasescopeError):
@@ -54,17 +63,27 @@ class Result:
     probabilities: dict[str, float]
     confidence: float
     thresholds: dict[str, float] = field(default_factory=dict)  # the config's thresholds set, as applied
+    held: Held = field(default_factory=lambda: Held(None, None))  # the device's idle time: held or not
+    segment_held: list[Held | None] = field(default_factory=list)  # per segment; None for a non-idle one
+
+    @property
+    def held_idle(self) -> bool:
+        """Labelled idle, and that idle is held."""
+        return self.label == "idle" and self.held.held is True
 
     def to_json(self) -> dict[str, Any]:
         dev = self.trace.device
         start = np.asarray(self.pred.start, dtype=np.float64)
         end = np.asarray(self.pred.end, dtype=np.float64)
         p_train = decide.p_training(self.pred)
-        windows = [
-            {"start": float(s), "end": float(e), "label": lab, "p_training": _num(p)}
-            for s, e, lab, p in zip(start.tolist(), end.tolist(), self.pred.labels, p_train.tolist(),
-                                    strict=True)
-        ]
+        reasons = list(getattr(self.pred, "reasons", [])) or [""] * len(self.pred.labels)
+        windows = []
+        rows = zip(start.tolist(), end.tolist(), self.pred.labels, p_train.tolist(), reasons, strict=True)
+        for s, e, lab, p, why in rows:
+            w: dict[str, Any] = {"start": float(s), "end": float(e), "label": lab, "p_training": _num(p)}
+            if lab == decide.UNKNOWN and why:
+                w["reason"] = why  # what a person can act on: too little data, unlike the training data, ...
+            windows.append(w)
         out = {
             "path": self.path,
             "device": dev.uuid,
@@ -76,12 +95,35 @@ class Result:
             "probabilities": {k: _num(v) for k, v in self.probabilities.items()},
             "missing_signals": list(self.pred.missing_signals),
             "model_version": self.pred.model_version,
-            "segments": [s.to_dict() for s in self.segments],
+            "unknown_reasons": unknown_reasons(self.pred.labels, reasons),
+            "held": self.held.held,
+            "held_by": self.held.by,
+            "segments": [_segment_dict(s, h) for s, h in
+                         zip(self.segments, self.segment_held or [None] * len(self.segments), strict=True)],
             "windows": windows,
         }
         if self.thresholds:  # why windows or segments differ from the model's own rules
             out["thresholds"] = dict(self.thresholds)
         return out
+
+
+def unknown_reasons(labels: Sequence[str], reasons: Sequence[str]) -> dict[str, int]:
+    """Why windows were unknown: each reason (its numbers dropped, so alike reasons count together)
+    with how many windows gave it, the most common first."""
+    counts: dict[str, int] = {}
+    for lab, why in zip(labels, reasons, strict=True):
+        if lab == decide.UNKNOWN and why:
+            key = re.sub(r":?\s*best probability [\d.]+\s*<\s*[\d.]+", "", why).strip() or "low confidence"
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _segment_dict(seg: decide.Segment, held: Held | None) -> dict[str, Any]:
+    out = seg.to_dict()
+    if held is not None:  # an idle segment: held or not, and by what where known
+        out["held"] = held.held
+        out["held_by"] = held.by
+    return out
 
 
 def classify_trace(
@@ -91,11 +133,14 @@ def classify_trace(
     window: float | None,
     stride: float | None,
     thresholds: ThresholdConfig | None = None,
+    processes: DeviceProcesses | None = None,
 ) -> Result:
     """One trace's verdict. `thresholds` (the config's) changes it only where `min_confidence` or
     `min_segment_s` is set: windows whose best probability is below min_confidence read unknown (it
     replaces the model's own `min_proba`), and no segment is shorter than min_segment_s where a neighbour
-    touches it (unknown runs under it are bridged, short phase segments merged: `decide.merge_short`)."""
+    touches it (unknown runs under it are bridged, short phase segments merged: `decide.merge_short`).
+    `processes`: the device's recorded process samples (a phasescope recording's), None where the file
+    records none; they name what holds an idle device."""
     used: dict[str, float] = {}
     params = decide.SegmentParams()
     if thresholds is not None and thresholds.min_confidence is not None:
@@ -109,8 +154,20 @@ def classify_trace(
     if "min_segment_s" in used:
         segs = decide.merge_short(segs, used["min_segment_s"])
     label = decide.overall_label(segs)
+    seg_held = [judge_spans(trace, [(s.start, s.end)], processes) if s.label == "idle" else None
+                for s in segs]
     return Result(path, trace, pred, segs, label, decide.mean_probabilities(pred), _confidence(segs, label),
-                  used)
+                  used, _device_held(trace, segs, label, processes), seg_held)
+
+
+def _device_held(
+    trace: Trace, segs: Sequence[decide.Segment], label: str, processes: DeviceProcesses | None
+) -> Held:
+    """Held-ness of the device's verdict: over all its idle time when labelled idle; not held when labelled a
+    working phase; not told when the label is unknown."""
+    if label == "idle":
+        return judge_spans(trace, [(s.start, s.end) for s in segs if s.label == "idle"], processes)
+    return Held(None if label == decide.UNKNOWN else False, None)
 
 
 def _predict(model: Any, trace: Trace, window: float | None, stride: float | None) -> Any:
@@ -172,8 +229,12 @@ def _span(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def _segments_text(segs: Sequence[decide.Segment], t0: float, limit: int = 4) -> str:
-    parts = [f"{s.label} {_span(s.start - t0)}-{_span(s.end - t0)}" for s in segs[:limit]]
+def _segments_text(
+    segs: Sequence[decide.Segment], t0: float, held: Sequence[Held | None] = (), limit: int = 4
+) -> str:
+    marks = [HELD_TEXT if h is not None and h.held else "" for h in held] or [""] * len(segs)
+    parts = [f"{s.label}{m} {_span(s.start - t0)}-{_span(s.end - t0)}"
+             for s, m in zip(segs[:limit], marks[:limit], strict=True)]
     if len(segs) > limit:
         parts.append(f"+{len(segs) - limit} more")
     return ", ".join(parts) or "-"
@@ -214,8 +275,10 @@ def print_human(results: Sequence[Result]) -> None:
             t0 = float(r.pred.start[0]) if len(r.pred.labels) else 0.0
             style = _GLYPH.get(r.label, _GLYPH[decide.UNKNOWN])[1]
             conf = "-" if not math.isfinite(r.confidence) else f"{r.confidence:.2f}"
-            table.add_row(_device_text(r.trace), Text(r.label, style=style), conf,
-                          _missing_text(r.pred.missing_signals), _segments_text(r.segments, t0))
+            phase = r.label + (HELD_TEXT if r.held_idle else "")
+            table.add_row(_device_text(r.trace), Text(phase, style=style), conf,
+                          _missing_text(r.pred.missing_signals),
+                          _segments_text(r.segments, t0, r.segment_held))
         console.print(table)
         for r in rs:
             head = f"  {_device_text(r.trace).split()[0]:>4} "
@@ -224,12 +287,33 @@ def print_human(results: Sequence[Result]) -> None:
             for ch, style in timeline(r.pred.labels, width):
                 strip.append(ch, style=style)
             console.print(strip, no_wrap=True, overflow="crop")
+            if r.label == decide.UNKNOWN:  # say why, so the unknown can be acted on
+                why = unknown_reasons(r.pred.labels, list(getattr(r.pred, "reasons", [])) or
+                                      [""] * len(r.pred.labels))
+                if why:
+                    top = next(iter(why))
+                    console.print(Text(f"  unknown: {top} ({why[top]} windows)", style="dim"))
     legend = "  ".join(f"{c} {lab}" for lab, (c, _) in _GLYPH.items())
     console.print(Text(f"timeline: one char per window (or per group of windows): {legend}", style="dim"))
     used = next((r.thresholds for r in results if r.thresholds), {})
     if used:
         text = ", ".join(f"{k} {v:g}" for k, v in used.items())
         console.print(Text(f"thresholds set (config or flags): {text}", style="dim"))
+
+
+def _recorded_processes(path: str, traces: Sequence[Trace]) -> dict[str, DeviceProcesses] | None:
+    """uuid -> process samples where the file kept them (a phasescope recording with process rows); None
+    for every other format, and for a recording without process rows (nothing tells who held a GPU)."""
+    if not traces or traces[0].meta.get("format") != "phasescope":
+        return None
+    from phasescope.recording import read_processes
+
+    table = read_processes(path)
+    if table.num_rows == 0:
+        return None
+    by_device = processes_by_device(table)
+    empty = DeviceProcesses(np.zeros(0), np.zeros(0, dtype=np.int64), [])
+    return {t.device.uuid: by_device.get(t.device.uuid, empty) for t in traces}
 
 
 def _short_path(path: str, limit: int = 48) -> str:
@@ -281,7 +365,9 @@ def command(paths: tuple[str, ...], fmt: str, as_json: bool, model_path: str | N
     for path in paths:
         try:
             traces = read(path, fmt)
-            out = [classify_trace(model, t, path, window, stride, thresholds) for t in traces]
+            procs = _recorded_processes(path, traces)
+            out = [classify_trace(model, t, path, window, stride, thresholds,
+                                  procs.get(t.device.uuid) if procs is not None else None) for t in traces]
         except PhasescopeError as exc:
             failures.append(exc)
             if len(paths) > 1:

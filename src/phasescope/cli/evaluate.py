@@ -31,6 +31,10 @@ def _rows(m: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
     rows += [(f"recall {p} (windows)", w["per_class"][p]["recall"]) for p in PHASES]
     rows += [
+        ("confidently wrong (p >= 0.8, windows)", w.get("confidently_wrong")),
+        ("calibration error (ECE, windows)", w.get("ece")),
+    ]
+    rows += [
         ("run accuracy (device-runs)", r["accuracy"]),
         ("run accuracy, workloads only", m["run_workloads_only"]["accuracy"]),
     ]
@@ -66,12 +70,49 @@ def _print_result(res: dict[str, Any]) -> None:
         click.echo(f"confusion ({label}), rows true, columns predicted: {' '.join(c['cols_pred'])}")
         for name, row in zip(c["rows_true"], c["counts"], strict=True):
             click.echo(f"  {name:10} " + " ".join(f"{x:7d}" for x in row))
+    if res["split"] in HELD_OUT_SPLITS:
+        _print_by_source(res)
+    curve = res["model"]["window"].get("coverage_accuracy", [])
+    if curve:
+        click.echo("coverage against accuracy (phasescope windows whose best probability reaches the level):")
+        click.echo("  " + " ".join(f"{'p>=' + format(c['level'], 'g'):>12}" for c in curve))
+        click.echo("  " + " ".join(f"{_f(c['coverage']) + ' / ' + _pct(c['accuracy']):>12}" for c in curve))
     wrong = {f: d for f, d in res["model"]["families"].items() if d["accuracy"] < 1}
     if wrong:
         click.echo(
             "families with wrong runs (phasescope): "
             + ", ".join(f"{f} {d['correct']}/{d['examples']}" for f, d in wrong.items())
         )
+
+
+# Splits that hold a whole group out: generalisation to a GPU model or a source never seen.
+HELD_OUT_SPLITS = ("source", "gpu")
+DEFAULT_SPLITS = ("source", "gpu", "run")
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+
+
+def _print_by_source(res: dict[str, Any]) -> None:
+    """One line per source, each scored while held out (so a weak source cannot hide in an average)."""
+    base = (res.get("baseline") or {}).get("by_source", {})
+    click.echo(
+        f"per source, held out: {'source':34} {'runs':>5} {'run acc':>8} {'unknown':>8} {'coverage':>9} "
+        f"{'acc called':>10} {'conf wrong':>10} {'train FPR':>9} {'inf rec':>8}"
+        + (f" {'paper run acc':>13}" if base else "")
+    )
+    for src, d in res["model"]["by_source"].items():
+        w, r = d["window"], d["run"]
+        line = (
+            f"{'':22}{src[:34]:34} {r['examples']:>5} {_f(r['accuracy']):>8} {r['unknown']:>8} "
+            f"{_f(w['called_fraction']):>9} {_f(w['accuracy_on_called']):>10} "
+            f"{_f(w['confidently_wrong']):>10} "
+            f"{_f(w['training_fpr']):>9} {_f(w['per_class']['inference']['recall']):>8}"
+        )
+        if base:
+            line += f" {_f(base.get(src, {}).get('run', {}).get('accuracy')):>13}"
+        click.echo(line)
 
 
 @click.command("eval")
@@ -89,15 +130,15 @@ def _print_result(res: dict[str, Any]) -> None:
     "splits",
     multiple=True,
     type=click.Choice(["run", "run-random", "gpu", "source", "family", "dataset"]),
-    help="Grouping for the folds (repeatable; default: run). run: k folds of whole runs, stratified by "
-    "family; gpu/source/family/dataset: leave one out.",
+    help="Grouping for the folds (repeatable; default: source, gpu, then run). source/gpu/family/dataset: "
+    "leave one out (the generalisation figures); run: k folds of whole runs, stratified by family.",
 )
 @click.option(
     "--baseline",
     type=click.Choice(["paper", "none"]),
-    default="none",
+    default="paper",
     show_default=True,
-    help="Also run the paper's method on the same folds.",
+    help="Also run the paper's method on the same folds (random forests: most of the run time).",
 )
 @click.option(
     "--subsets", is_flag=True, help="Also report run-grouped accuracy for each realistic signal subset."
@@ -122,7 +163,11 @@ def command(
 ) -> None:
     """Evaluate the phase classifier on labelled DATA (labels.csv files, or folders holding one).
 
-    Example: phasescope eval ../shared/data --extra data/h200 --split run --split gpu --split dataset
+    Leave-one-source-out and leave-one-GPU-model-out come first: they are what a new user's GPUs and
+    workloads look like to the model. Each prints a line per held-out source, then coverage against
+    accuracy; the run-grouped split (new runs of known workloads) comes last.
+
+    Example: phasescope eval ../shared/data --extra data/h200
     """
     from phasescope.classify import train
     from phasescope.classify.progress import steps
@@ -131,9 +176,16 @@ def command(
     examples = train.load_data(sources)
     if not examples:
         raise InputError(sources[0], "labels", "at least one labelled trace", "none")
-    chosen = splits or ("run",)
+    chosen = splits or DEFAULT_SPLITS
     with_base = baseline == "paper"
     split_folds = {s: train.folds(examples, s, folds, seed) for s in chosen}
+    if not splits:  # the defaults: a held-out split with one group (one source, one GPU) has nothing to show
+        for s in HELD_OUT_SPLITS:
+            if s in split_folds and any(len(fit_on) == 0 for _, fit_on, _ in split_folds[s]):
+                del split_folds[s]
+                if not quiet:
+                    click.echo(f"--split {s} left out: the data holds one {s} only", err=True)
+        chosen = tuple(split_folds)
     for s, fs in split_folds.items():
         empty = next((name for name, fit_on, _ in fs if len(fit_on) == 0), None)
         if empty is not None:  # e.g. --split dataset with one labels table: nothing is left to fit on

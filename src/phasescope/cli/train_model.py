@@ -48,7 +48,9 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
     examples = train.load_data(list(data))
     if not examples:
         raise InputError(data[0], "labels", "at least one labelled trace", "none")
-    n_folds = len(train.folds(examples, "run", folds)) if evaluate else 0
+    n_sources = len({e.source for e in examples})
+    held_out = n_sources if n_sources > 1 else 0
+    n_folds = (len(train.folds(examples, "run", folds)) + held_out) if evaluate else 0
     evaluation = None
     with steps(n_folds + 1, quiet=quiet) as step:
         step.phase(f"window features for {len(examples)} traces")
@@ -64,6 +66,14 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
                 **train.headline(m),
                 "alibaba": m.get("alibaba"),
             }
+            if n_sources > 1:  # the generalisation figure: each source held out in turn
+                held = train.evaluate(table, "source", progress=step)["model"]
+                evaluation["leave_one_source_out"] = {
+                    **train.headline(held),
+                    "windows_called": held["window"]["called_fraction"],
+                    "confidently_wrong": held["window"]["confidently_wrong"],
+                    "ece": held["window"]["ece"],
+                }
         step.phase("fitting the shipped boosters")
         t1 = time.perf_counter()
         model = train.fit_model(table)
