@@ -25,6 +25,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 
 check: lint test
 

@@ -6,11 +6,12 @@ Missing is NaN everywhere in phasescope; here it becomes the one visible mark MI
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from phasescope.schema import SIGNALS, FloatArray
+from phasescope.text import ellipsize as ellipsize  # re-exported: the views' one import for text
+from phasescope.text import printable as printable
 
 MISSING = "–"  # en dash: what a view shows for a value the source did not give
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -187,19 +188,3 @@ def fmt_elapsed(value: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def ellipsize(text: str, width: int) -> str:
-    """`text` in at most `width` characters, an ellipsis marking a cut."""
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
-
-
-# C0 and C1 control characters, DEL, and the bidi overrides/isolates ("Trojan source"): from a process's argv
-# or name they would reach the terminal raw (an ESC starts a cursor move, a screen clear or a title change;
-# a newline breaks a one-line row), so `printable` writes them as visible escapes.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """`text` safe to put on a terminal: each control character as a visible escape (ESC -> \\x1b)."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)

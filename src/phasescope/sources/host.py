@@ -28,9 +28,9 @@ from typing import TypeVar
 import numpy as np
 import psutil
 
-from phasescope.display import ellipsize, printable
 from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
 from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.text import ellipsize, printable
 
 _NAN = math.nan
 # DeviceInfo.extra["kind"] of the host pseudo-device. Views show it beside the GPUs; /metrics exports it as
