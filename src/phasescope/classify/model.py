@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from phasescope.errors import InputError
-from phasescope.features import FEATURE_NAMES, WindowConfig, WindowFeatures, window_features
+from phasescope.features import FEATURE_NAMES, WindowConfig, WindowFeatures, sample_interval, window_features
 from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray, Trace
 
 MODEL_FORMAT = "phasescope-phase-model"
@@ -270,23 +270,45 @@ class PhaseModel:
         rules: UnknownRules,
         submodels: list[Submodel],
         card: dict[str, Any] | None = None,
+        coarse: PhaseModel | None = None,
     ) -> None:
         self.version = version
         self.config = config
         self.rules = rules
         self.submodels = sorted(submodels, key=lambda s: -len(s.signals))
         self.card: dict[str, Any] = dict(card or {})
+        # Judges traces sampled more coarsely than `rules.max_interval_s` (a Prometheus scrape every
+        # 15-60 s): fitted on snapshots of the same traces, with longer windows. None: such traces
+        # stay unknown.
+        self.coarse = coarse
 
     def with_rules(self, **changes: Any) -> PhaseModel:
         """A copy whose unknown rules differ by `changes` (e.g. `min_proba` from the config's
-        `min_confidence`); it shares the submodels, so boosters are parsed once for both."""
+        `min_confidence`); it shares the submodels, so boosters are parsed once for both. The coarse
+        model takes the same `min_proba`; its own rate range stays."""
         rules = replace(self.rules, **changes)
-        return type(self)(self.version, self.config, rules, self.submodels, self.card)
+        coarse = self.coarse
+        if coarse is not None and "min_proba" in changes:
+            coarse = coarse.with_rules(min_proba=changes["min_proba"])
+        return type(self)(self.version, self.config, rules, self.submodels, self.card, coarse)
+
+    def with_config(self, config: WindowConfig) -> PhaseModel:
+        """A copy that cuts windows as `config` says (the coarse model keeps its own)."""
+        return type(self)(self.version, config, self.rules, self.submodels, self.card, self.coarse)
+
+    def for_interval(self, interval_s: float) -> PhaseModel:
+        """The model that judges a trace sampled every `interval_s` seconds (from its own timestamps):
+        the coarse one beyond this one's validated range, where there is one."""
+        if self.coarse is not None and np.isfinite(interval_s) and interval_s > self.rules.max_interval_s:
+            return self.coarse
+        return self
 
     def warm_up(self) -> None:
         """Parse every submodel's booster now (LightGBM's first parse takes seconds), not on first use."""
         for sub in self.submodels:
             _ = sub.booster
+        if self.coarse is not None:
+            self.coarse.warm_up()
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -346,7 +368,12 @@ class PhaseModel:
             raise InputError(
                 where, "model document", "window, unknown_rules and submodels", repr(exc)
             ) from None
-        return cls(str(doc.get("version", "unversioned")), config, rules, subs, doc.get("card"))
+        coarse = None
+        if doc.get("coarse") is not None:
+            coarse = cls.from_dict(doc["coarse"], f"{where} (coarse model)")
+            if coarse.coarse is not None:
+                raise InputError(where, "coarse", "one coarse model, not a chain", "a coarse model in it")
+        return cls(str(doc.get("version", "unversioned")), config, rules, subs, doc.get("card"), coarse)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -366,6 +393,7 @@ class PhaseModel:
                 }
                 for s in self.submodels
             ],
+            "coarse": None if self.coarse is None else self.coarse.to_dict(),
         }
 
     def save(self, path: str | Path) -> None:
@@ -396,13 +424,10 @@ class PhaseModel:
         # The trace's own rate, not the grid's: a 100 Hz log averaged onto 1 s bins is still 100 Hz data.
         interval = wf.sample_interval_s if np.isfinite(wf.sample_interval_s) else wf.interval_s
         if not (r.min_interval_s <= interval <= r.max_interval_s):
-            return (
-                proba,
-                labels,
-                ev,
-                sub.name,
-                [f"sample interval {interval:.3g}s outside {r.min_interval_s}-{r.max_interval_s}s"] * n,
-            )
+            rate = f"sample interval {interval:.3g}s outside {r.min_interval_s}-{r.max_interval_s}s"
+            if interval > r.max_interval_s and self.coarse is None:
+                rate += " (no coarse model in this model file: phasescope train-model --coarse fits one)"
+            return proba, labels, ev, sub.name, [rate] * n
         judged = wf.sufficient
         idx = np.flatnonzero(judged)
         if idx.size:
@@ -421,16 +446,17 @@ class PhaseModel:
         return proba, labels, ev, sub.name, reasons
 
     def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
-        wf = window_features(trace, self.config)
+        model = self.for_interval(sample_interval(trace.time))
+        wf = window_features(trace, model.config)
         present = set(trace.present_signals())
-        proba, labels, ev, sub, reasons = self.predict_features(wf, present, evidence)
+        proba, labels, ev, sub, reasons = model.predict_features(wf, present, evidence)
         return WindowPredictions(
             start=wf.start,
             end=wf.end,
             proba=proba,
             labels=labels,
             missing_signals=trace.missing_signals(),
-            model_version=self.version,
+            model_version=model.version,
             evidence=ev,
             subset=sub,
             reasons=reasons,

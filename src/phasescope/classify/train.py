@@ -15,8 +15,9 @@ Design:
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,9 +29,10 @@ from phasescope.features import (
     WindowConfig,
     device_limits,
     features_for_signals,
+    sample_interval,
     window_features,
 )
-from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray
+from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray, Trace
 
 MODEL_VERSION = "0.3.0"
 
@@ -38,6 +40,14 @@ MODEL_VERSION = "0.3.0"
 # 1 Hz poll give the same features (before 0.3.0 each trace kept its own rate, and the model learnt the
 # sources' rates as well as their workloads).
 PHASE_CONFIG = WindowConfig(min_grid_s=1.0)
+
+# The coarse model, for what a Prometheus stack keeps: one sample every 15-60 s (dcgm-exporter collects
+# every 30 s by default). Ten-minute windows every five minutes (20 samples at 30 s), fitted on snapshots
+# of the same labelled traces at these intervals, and used for traces sampled more coarsely than the
+# phase model's 10 s (told from the trace's own timestamps, never from a query step).
+COARSE_CONFIG = WindowConfig(window_s=600.0, stride_s=300.0, plateau_cap_s=1800.0)
+COARSE_RULES = UnknownRules(min_interval_s=10.0, max_interval_s=120.0)
+COARSE_INTERVALS = (15.0, 30.0, 60.0)
 
 _PCIE = {"pcie_tx", "pcie_rx"}
 _CLOCKS = {"sm_clock", "mem_clock"}
@@ -92,6 +102,7 @@ class WindowTable:
     present: list[frozenset[str]]  # per example
     seconds: float = 0.0
     config: WindowConfig = PHASE_CONFIG
+    rules: UnknownRules = field(default_factory=UnknownRules)  # the sample-rate range fitted on
 
     def rows(self, example_ids: np.ndarray, copies: Sequence[int]) -> np.ndarray:
         m = np.isin(self.ex, example_ids) & np.isin(self.copy, list(copies))
@@ -99,7 +110,10 @@ class WindowTable:
 
 
 def build_table(
-    examples: Sequence[Example], config: WindowConfig | None = None, limit_dropout: bool = True
+    examples: Sequence[Example],
+    config: WindowConfig | None = None,
+    limit_dropout: bool = True,
+    rules: UnknownRules | None = None,
 ) -> WindowTable:
     cfg = config or PHASE_CONFIG
     t0 = time.perf_counter()
@@ -132,6 +146,7 @@ def build_table(
         present,
         time.perf_counter() - t0,
         cfg,
+        rules or UnknownRules(),
     )
 
 
@@ -154,7 +169,7 @@ def _fit_rows(table: WindowTable, train_ids: np.ndarray, signals: frozenset[str]
     windows at a validated sample rate."""
     eligible = np.array([i for i in train_ids if signals <= table.present[i]], dtype=np.int64)
     rows = table.rows(eligible, (0, 1))
-    return rows[table.sufficient[rows] & _in_range(table.interval_s[rows])]
+    return rows[table.sufficient[rows] & _in_range(table.interval_s[rows], table.rules)]
 
 
 def _booster(table: WindowTable, rows: np.ndarray, feats: Sequence[str], rounds: int) -> Any:
@@ -221,7 +236,8 @@ def fit_calibration(
     rows_all = _fit_rows(table, eligible, signals)
     cols = np.array([FEATURE_NAMES.index(f) for f in feats], dtype=np.intp)
     x_all = table.X[np.ix_(rows_all, cols)]
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():  # a feature with no value in any row has no range: NaN, never checked
+        warnings.simplefilter("ignore", RuntimeWarning)
         low = np.nanpercentile(x_all, 0.5, axis=0) if rows_all.size else np.full(len(cols), np.nan)
         high = np.nanpercentile(x_all, 99.5, axis=0) if rows_all.size else np.full(len(cols), np.nan)
     oof_rows: list[np.ndarray] = []
@@ -280,7 +296,7 @@ def fit_model(
         sm = fit_submodel(table, ids, name, SUBSETS[name], calibrated=calibrated)
         if sm is not None:
             subs.append(sm)
-    return PhaseModel(MODEL_VERSION, config or table.config, UnknownRules(), subs, card)
+    return PhaseModel(MODEL_VERSION, config or table.config, table.rules, subs, card)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,14 +661,19 @@ def baseline_cv(
 
     Xp = paper_matrix(table)
 
-    def fitter(tab: WindowTable, train: np.ndarray, needed: set[frozenset[str]]) -> PaperBaseline:
+    def fitter(tab: WindowTable, train: np.ndarray, needed: set[frozenset[str]]) -> PaperBaseline | None:
         rows = tab.rows(train, (1,))
-        rows = rows[tab.sufficient[rows] & _in_range(tab.interval_s[rows])]
+        rows = rows[tab.sufficient[rows] & _in_range(tab.interval_s[rows], tab.rules)]
+        if rows.size == 0:  # nothing long enough to fit on: the baseline answers nothing in this fold
+            return None
         return PaperBaseline(n_trees or N_TREES).fit(Xp[rows], tab.y[rows])
 
     def predictor(
-        model: PaperBaseline, tab: WindowTable, rows: np.ndarray
+        model: PaperBaseline | None, tab: WindowTable, rows: np.ndarray
     ) -> tuple[FloatArray, np.ndarray, np.ndarray]:
+        if model is None:
+            none = np.full(rows.size, -1)
+            return np.full((rows.size, len(PHASES)), np.nan), none, none.copy()
         has_data = np.isfinite(Xp[rows]).any(axis=1)
         proba = np.full((rows.size, len(PHASES)), np.nan)
         proba[has_data] = model.predict_proba(Xp[rows[has_data]])
@@ -744,7 +765,63 @@ def _restrict(table: WindowTable, signals: frozenset[str]) -> WindowTable:
         [e for e, k in zip(table.examples, keep_ex, strict=True) if k],
         [signals for k in keep_ex if k],
         config=table.config,
+        rules=table.rules,
     )
+
+
+def snapshots(trace: Trace, interval_s: float, offset_s: float = 0.0) -> Trace:
+    """`trace` as a scraper polling every `interval_s` seconds would keep it: at each scrape, the latest
+    sample at or before it (a snapshot, not an average), stamped with the scrape time. A sample that two
+    scrapes would both see is kept once: only real samples reach the classifier."""
+    if len(trace) == 0:
+        return trace
+    t = trace.time
+    scrape = np.arange(float(t[0]) + offset_s, float(t[-1]) + 1e-9, interval_s)
+    pick = np.searchsorted(t, scrape, side="right") - 1
+    ok = pick >= 0
+    scrape, pick = scrape[ok], pick[ok]
+    first = np.concatenate([[True], pick[1:] != pick[:-1]]) if pick.size else np.zeros(0, dtype=bool)
+    scrape, pick = scrape[first], pick[first]
+    meta = {**trace.meta, "snapshots_every_s": interval_s}
+    return Trace(trace.device, scrape, {k: v[pick] for k, v in trace.columns.items()}, meta)
+
+
+def coarse_examples(
+    examples: Sequence[Example], intervals: Sequence[float] = COARSE_INTERVALS
+) -> list[Example]:
+    """The examples as a coarse scraper sees them: each one's snapshots at every interval (same run, so
+    grouped splits keep them together), and examples already sampled in the coarse range as they are."""
+    out: list[Example] = []
+    for ex in examples:
+        own = sample_interval(ex.trace.time)
+        if np.isfinite(own) and COARSE_RULES.min_interval_s < own <= COARSE_RULES.max_interval_s:
+            out.append(ex)
+            continue
+        if np.isfinite(own) and own > COARSE_RULES.max_interval_s:
+            continue
+        for iv in intervals:
+            dec = snapshots(ex.trace, iv)
+            if len(dec) >= COARSE_CONFIG.min_samples:
+                out.append(replace(ex, trace=dec))
+    return out
+
+
+def build_coarse_table(
+    examples: Sequence[Example], intervals: Sequence[float] = COARSE_INTERVALS
+) -> WindowTable:
+    """The window table of the coarse model (see `COARSE_CONFIG`)."""
+    return build_table(coarse_examples(examples, intervals), COARSE_CONFIG, rules=COARSE_RULES)
+
+
+def fit_shipped(table: WindowTable, coarse: WindowTable | None = None) -> PhaseModel:
+    """The phase model on every example, with the coarse model (fitted on `coarse`) inside it."""
+    model = fit_model(table)
+    if coarse is not None and len(coarse.examples):
+        c = fit_model(coarse)
+        if c.submodels:
+            c.version = f"{MODEL_VERSION}+coarse"
+            model.coarse = c
+    return model
 
 
 def load_data(data: Sequence[str], reader: Any = None) -> list[Example]:

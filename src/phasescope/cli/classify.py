@@ -182,7 +182,7 @@ def with_windows(model: Any, window: float | None, stride: float | None) -> Any:
     cfg = model.config
     cfg = replace(cfg, window_s=cfg.window_s if window is None else window,
                   stride_s=cfg.stride_s if stride is None else stride)
-    return type(model)(model.version, cfg, model.rules, model.submodels, model.card)
+    return model.with_config(cfg)
 
 
 def _confidence(segs: Sequence[decide.Segment], label: str) -> float:

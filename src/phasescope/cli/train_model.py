@@ -31,8 +31,17 @@ from phasescope.errors import InputError
     "-k", "folds", type=click.IntRange(min=2), default=5, show_default=True,  # 1 fold: nothing to train on
     help="Folds for the card's cross-validation.",
 )
+@click.option(
+    "--coarse/--no-coarse",
+    default=False,
+    show_default=True,
+    help="Also fit the coarse model (traces sampled every 15-60 s, as Prometheus keeps them) from snapshots "
+    "of the same data. The shipped model has none: see docs/EVALUATION.md for why.",
+)
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quiet: bool) -> None:
+def command(
+    data: tuple[str, ...], output: str, evaluate: bool, folds: int, coarse: bool, quiet: bool
+) -> None:
     """Fit the phase model on DATA (labels.csv files, or folders holding one) and write it to MODEL.
 
     \b
@@ -76,7 +85,7 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
                 }
         step.phase("fitting the shipped boosters")
         t1 = time.perf_counter()
-        model = train.fit_model(table)
+        model = train.fit_shipped(table, train.build_coarse_table(examples) if coarse else None)
         fit_s = time.perf_counter() - t1
         step("fitted")
     if not model.submodels:  # a model that can only say "unknown" is not worth writing
@@ -103,6 +112,7 @@ def command(data: tuple[str, ...], output: str, evaluate: bool, folds: int, quie
                 "output": output,
                 "version": model.version,
                 "submodels": [s.name for s in model.submodels],
+                "coarse_submodels": [s.name for s in model.coarse.submodels] if model.coarse else [],
                 "fit_seconds": round(fit_s, 2),
                 "total_seconds": round(time.perf_counter() - t0, 2),
             }
