@@ -136,3 +136,26 @@ def test_power_above_the_limit_is_named() -> None:
     x[:, FEATURE_NAMES.index("power_frac_p90")] = [0.6, 1.4]
     reasons = sub._outside(x, sub.calibration)  # type: ignore[arg-type]
     assert reasons[0] == "" and "power above this GPU's limit" in reasons[1]
+
+
+def test_a_window_where_no_kernel_ran_is_never_unfamiliar(table: train.WindowTable) -> None:
+    """Zero utilisation all window long is idle on any GPU: a memory level never seen (a model held on
+    an 80 GB board) must not turn it unknown, while the same level on a busy window does."""
+    from phasescope.features import FEATURE_NAMES
+
+    fit_on, _ = _split(table)
+    model = train.fit_model(table, fit_on, subsets=["no_pcie"])
+    sub = model.submodels[0]
+    rows = table.rows(fit_on, (1,))
+    rows = rows[table.sufficient[rows]]
+    util_max = table.X[rows, FEATURE_NAMES.index("util_max")]
+    idle = table.X[rows[util_max == 0][:5]].copy()
+    busy = table.X[rows[util_max > 0.5][:5]].copy()
+    assert len(idle) == 5 and len(busy) == 5
+    for x in (idle, busy):
+        x[:, FEATURE_NAMES.index("mem_frac")] = 0.97  # far above any training window's
+    _, idle_called, idle_why = sub.judge(idle, model.rules.min_proba)
+    _, busy_called, busy_why = sub.judge(busy, model.rules.min_proba)
+    assert all("unlike any training example" in w for w in busy_why) and (busy_called < 0).all()
+    assert not any("unlike" in w for w in idle_why)
+    assert (idle_called == PHASES.index("idle")).all()

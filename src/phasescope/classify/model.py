@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -65,8 +66,8 @@ class Calibration:
     """How a submodel's raw probabilities become calibrated ones, and when it must say unknown.
 
     All of it is fitted on the training side only.
-    - `temperature`: probabilities are softmax(log p / T), T fitted on out-of-fold predictions (folds of
-      whole runs); T > 1 flattens an over-confident booster.
+    - `temperature`: probabilities are softmax(log p / T), T fitted on predictions for held-out training
+      sources (see `train.fit_calibration`); T > 1 flattens an over-confident booster.
     - `low`/`high`: per feature, the range the training windows spanned (0.5th and 99.5th percentile);
       a window with many features outside it is unlike the training data.
     """
@@ -122,6 +123,9 @@ POWER_OVER_LIMIT = 1.15
 # is judged as "unlike the training data" even when the rest of its features look familiar.
 OPERATING_POINT = frozenset({"mem_frac", "power_frac_mean", "memutil_mean", "memutil_per_util"})
 
+# Utilisation (the share of time a kernel ran) at or below this over a whole window: nothing ran.
+NO_KERNEL_UTIL = 0.005
+
 # Signal groups named in "unlike the training data" reasons, by feature-name prefix.
 _GROUP_WORDS = (
     ("util", "utilisation"),
@@ -134,6 +138,21 @@ _GROUP_WORDS = (
     ("mem_clock", "clocks"),
     ("pcie", "PCIe traffic"),
 )
+
+
+def unfamiliar(
+    x: FloatArray, features: Sequence[str], low: FloatArray, high: FloatArray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Windows (rows of `x`, columns `features`) unlike the data that spanned [low, high] per feature:
+    a quarter or more of their features, or any operating-point feature, outside the range widened by
+    a tenth of its width. Returns the per-window flag and the per-feature "outside" matrix."""
+    pad = 0.1 * np.where(np.isfinite(high - low), high - low, 0.0)
+    with np.errstate(invalid="ignore"):
+        out = np.isfinite(x) & ((x < (low - pad)[None, :]) | (x > (high + pad)[None, :]))
+    present = np.isfinite(x).sum(axis=1)
+    key = [j for j, f in enumerate(features) if f in OPERATING_POINT]
+    flag = (out.sum(axis=1) >= np.maximum(1, 0.25 * present)) | out[:, key].any(axis=1)
+    return flag, out
 
 
 def _feature_group(name: str) -> str:
@@ -197,6 +216,11 @@ class Submodel:
         call_at = min_proba
         if cal is not None and n:
             ood = self._outside(values, cal)
+            if "util_max" in self.features:
+                # No kernel ran in the whole window: that GPU is idle whatever its model, power floor or
+                # memory held, so the range check has nothing to guard (the booster still decides).
+                still = values[:, FEATURE_NAMES.index("util_max")] <= NO_KERNEL_UTIL
+                ood = ["" if s else o for o, s in zip(ood, still.tolist(), strict=True)]
         for i in range(n):
             if ood[i]:
                 reasons[i] = ood[i]
@@ -214,13 +238,7 @@ class Submodel:
         """Per window, a reason when a quarter or more of its features lie outside the training range
         (widened by a tenth of its width), naming the signals involved; "" otherwise."""
         x = values[:, _columns(self.features)]
-        lo, hi = np.asarray(cal.low), np.asarray(cal.high)
-        pad = 0.1 * np.where(np.isfinite(hi - lo), hi - lo, 0.0)
-        with np.errstate(invalid="ignore"):
-            out = np.isfinite(x) & ((x < (lo - pad)[None, :]) | (x > (hi + pad)[None, :]))
-        present = np.isfinite(x).sum(axis=1)
-        key = [j for j, f in enumerate(self.features) if f in OPERATING_POINT]
-        flag = (out.sum(axis=1) >= np.maximum(1, 0.25 * present)) | out[:, key].any(axis=1)
+        flag, out = unfamiliar(x, self.features, np.asarray(cal.low), np.asarray(cal.high))
         res = [""] * x.shape[0]
         for i in np.flatnonzero(flag):
             groups = sorted({_feature_group(self.features[j]) for j in np.flatnonzero(out[i])})
