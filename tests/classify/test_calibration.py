@@ -73,14 +73,14 @@ def test_familiar_windows_are_still_called(table: train.WindowTable) -> None:
 
 
 def test_calibration_round_trips_and_a_bad_one_is_refused(table: train.WindowTable, tmp_path: Path) -> None:
-    fit_on, _ = _split(table)
-    model = train.fit_model(table, fit_on, subsets=["no_pcie"])
+    model = train.fit_model(table, np.arange(len(table.examples)), subsets=["no_pcie"])  # two sources
     path = tmp_path / "m.json"
     model.save(path)
     again = PhaseModel.load(str(path))
     a, b = model.submodels[0].calibration, again.submodels[0].calibration
     assert a is not None and b is not None
     assert b.temperature == a.temperature and np.allclose(b.low, a.low, equal_nan=True)
+    assert b.familiar_temperature == a.familiar_temperature is not None
     import json
 
     doc = json.loads(path.read_text())
@@ -159,3 +159,30 @@ def test_a_window_where_no_kernel_ran_is_never_unfamiliar(table: train.WindowTab
     assert all("unlike any training example" in w for w in busy_why) and (busy_called < 0).all()
     assert not any("unlike" in w for w in idle_why)
     assert (idle_called == PHASES.index("idle")).all()
+
+
+def test_familiar_windows_take_the_familiar_temperature(table: train.WindowTable) -> None:
+    """A window inside every training range is a new run of a known source (temperature from held-out
+    runs); one with any feature outside is treated as a new source (temperature from held-out sources)."""
+    every = np.arange(len(table.examples))
+    model = train.fit_model(table, every, subsets=["no_pcie"])
+    sub = model.submodels[0]
+    cal = sub.calibration
+    assert cal is not None and cal.familiar_temperature is not None
+    assert set(cal.groups) == {"sensorguard", VLLM}  # each source held out in turn
+    # With one source there is no new-source situation to fit: one temperature, from held-out runs.
+    fit_on, _ = _split(table)
+    one = train.fit_model(table, fit_on, subsets=["no_pcie"]).submodels[0].calibration
+    assert one is not None and one.familiar_temperature is None and one.groups == ("3 folds of whole runs",)
+    rows = table.rows(every, (1,))
+    rows = rows[table.sufficient[rows]]
+    cols = [train.FEATURE_NAMES.index(f) for f in sub.features]
+    lo, hi = np.asarray(cal.low), np.asarray(cal.high)
+    x = table.X[rows]
+    xs = x[:, cols]
+    inside = ~(np.isfinite(xs) & ((xs < lo) | (xs > hi))).any(axis=1)
+    assert inside.any() and (~inside).any()
+    raw = sub.predict_raw(x)
+    got = sub.predict(x)
+    assert np.allclose(got[inside], calibrate(raw[inside], cal.familiar_temperature))
+    assert np.allclose(got[~inside], calibrate(raw[~inside], cal.temperature))

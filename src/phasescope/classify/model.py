@@ -76,10 +76,14 @@ class Calibration:
     low: tuple[float, ...]
     high: tuple[float, ...]
     groups: tuple[str, ...] = ()  # what was held out in turn to fit it (sources, or "run folds")
+    # For a window whose every feature lies inside the training range: fitted on held-out runs of the
+    # training sources (a familiar window is a new run of a known source). None: `temperature` for all.
+    familiar_temperature: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "temperature": self.temperature,
+            "familiar_temperature": self.familiar_temperature,
             "low": [_json_num(v) for v in self.low],
             "high": [_json_num(v) for v in self.high],
             "groups": list(self.groups),
@@ -94,7 +98,12 @@ class Calibration:
             raise ValueError("calibration ranges do not match the submodel's features")
         if not (np.isfinite(temperature) and temperature > 0):
             raise ValueError(f"calibration temperature {temperature} is not a positive number")
-        return cls(temperature, low, high, tuple(str(g) for g in d.get("groups", ())))
+        familiar = d.get("familiar_temperature")
+        if familiar is not None:
+            familiar = float(familiar)
+            if not (np.isfinite(familiar) and familiar > 0):
+                raise ValueError(f"calibration familiar_temperature {familiar} is not a positive number")
+        return cls(temperature, low, high, tuple(str(g) for g in d.get("groups", ())), familiar)
 
 
 def _json_num(v: float) -> float | None:
@@ -194,9 +203,21 @@ class Submodel:
         )
 
     def predict(self, values: FloatArray) -> FloatArray:
-        """Calibrated probabilities (the raw ones for a model fitted without calibration)."""
+        """Calibrated probabilities (the raw ones for a model fitted without calibration): a window
+        entirely inside the training ranges takes the familiar temperature, any other the new-source one."""
         raw = self.predict_raw(values)
-        return raw if self.calibration is None else calibrate(raw, self.calibration.temperature)
+        cal = self.calibration
+        if cal is None:
+            return raw
+        out = calibrate(raw, cal.temperature)
+        if cal.familiar_temperature is not None and raw.shape[0]:
+            x = values[:, _columns(self.features)]
+            lo, hi = np.asarray(cal.low), np.asarray(cal.high)
+            with np.errstate(invalid="ignore"):
+                inside = ~(np.isfinite(x) & ((x < lo[None, :]) | (x > hi[None, :]))).any(axis=1)
+            if inside.any():
+                out[inside] = calibrate(raw[inside], cal.familiar_temperature)
+        return out
 
     def judge(self, values: FloatArray, min_proba: float) -> tuple[FloatArray, np.ndarray, list[str]]:
         """Calibrated probabilities, the called class per window (-1: unknown) and why unknown.

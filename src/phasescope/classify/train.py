@@ -230,18 +230,16 @@ def fit_calibration(
     rows_all = _fit_rows(table, eligible, signals)
     cols = np.array([FEATURE_NAMES.index(f) for f in feats], dtype=np.intp)
     low, high = _ranges(table.X[np.ix_(rows_all, cols)])
-    groups = np.array([table.examples[i].source for i in eligible])
-    by_source = len(set(groups)) >= 2
-    names: tuple[str, ...] = tuple(sorted(set(groups)))
-    if not by_source:
-        assign = stratified_run_folds([table.examples[i] for i in eligible], CALIBRATION_FOLDS, 0)
-        groups = np.array([f"runs{assign[table.examples[i].run]}" for i in eligible])
-        names = (f"{CALIBRATION_FOLDS} folds of whole runs",)
-    rows, raw = _held_out(table, eligible, groups, signals, feats, cols, rounds, screen=by_source)
-    if rows.size == 0:  # nothing could be held out: no evidence for a temperature
-        return Calibration(1.0, tuple(low), tuple(high), names)
-    temperature = _fit_temperature(raw, table.y[rows], _weights(table, rows))
-    return Calibration(temperature, tuple(low), tuple(high), names)
+    sources = np.array([table.examples[i].source for i in eligible])
+    assign = stratified_run_folds([table.examples[i] for i in eligible], CALIBRATION_FOLDS, 0)
+    run_groups = np.array([f"runs{assign[table.examples[i].run]}" for i in eligible])
+    rows, raw = _held_out(table, eligible, run_groups, signals, feats, cols, rounds, screen=False)
+    familiar = _fit_temperature(raw, table.y[rows], _weights(table, rows)) if rows.size else 1.0
+    if len(set(sources)) < 2:  # one source: held-out runs are all there is to go by
+        return Calibration(familiar, tuple(low), tuple(high), (f"{CALIBRATION_FOLDS} folds of whole runs",))
+    rows, raw = _held_out(table, eligible, sources, signals, feats, cols, rounds, screen=True)
+    new_source = _fit_temperature(raw, table.y[rows], _weights(table, rows)) if rows.size else familiar
+    return Calibration(new_source, tuple(low), tuple(high), tuple(sorted(set(sources))), familiar)
 
 
 def _ranges(x: FloatArray) -> tuple[FloatArray, FloatArray]:
