@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from phasescope.classify.decide import finite_or_none
 from phasescope.errors import InputError
 from phasescope.features import FEATURE_NAMES, WindowConfig, WindowFeatures, sample_interval, window_features
 from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray, Trace
@@ -66,8 +67,9 @@ class Calibration:
     """How a submodel's raw probabilities become calibrated ones, and when it must say unknown.
 
     All of it is fitted on the training side only.
-    - `temperature`: probabilities are softmax(log p / T), T fitted on predictions for held-out training
-      sources (see `train.fit_calibration`); T > 1 flattens an over-confident booster.
+    - `temperature`: probabilities are softmax(log p / T) for a window outside some training range, T
+      fitted on predictions for held-out training sources (see `train.fit_calibration`); T > 1 flattens
+      an over-confident booster.
     - `low`/`high`: per feature, the range the training windows spanned (0.5th and 99.5th percentile);
       a window with many features outside it is unlike the training data.
     """
@@ -84,8 +86,8 @@ class Calibration:
         return {
             "temperature": self.temperature,
             "familiar_temperature": self.familiar_temperature,
-            "low": [_json_num(v) for v in self.low],
-            "high": [_json_num(v) for v in self.high],
+            "low": [finite_or_none(v) for v in self.low],
+            "high": [finite_or_none(v) for v in self.high],
             "groups": list(self.groups),
         }
 
@@ -104,10 +106,6 @@ class Calibration:
             if not (np.isfinite(familiar) and familiar > 0):
                 raise ValueError(f"calibration familiar_temperature {familiar} is not a positive number")
         return cls(temperature, low, high, tuple(str(g) for g in d.get("groups", ())), familiar)
-
-
-def _json_num(v: float) -> float | None:
-    return float(v) if np.isfinite(v) else None
 
 
 def _num_or_nan(v: Any) -> float:
@@ -155,13 +153,19 @@ def unfamiliar(
     """Windows (rows of `x`, columns `features`) unlike the data that spanned [low, high] per feature:
     a quarter or more of their features, or any operating-point feature, outside the range widened by
     a tenth of its width. Returns the per-window flag and the per-feature "outside" matrix."""
-    pad = 0.1 * np.where(np.isfinite(high - low), high - low, 0.0)
-    with np.errstate(invalid="ignore"):
-        out = np.isfinite(x) & ((x < (low - pad)[None, :]) | (x > (high + pad)[None, :]))
+    out = outside_ranges(x, low, high, widen=0.1)
     present = np.isfinite(x).sum(axis=1)
     key = [j for j, f in enumerate(features) if f in OPERATING_POINT]
     flag = (out.sum(axis=1) >= np.maximum(1, 0.25 * present)) | out[:, key].any(axis=1)
     return flag, out
+
+
+def outside_ranges(x: FloatArray, low: FloatArray, high: FloatArray, widen: float = 0.0) -> np.ndarray:
+    """Per window and feature: the value exists and lies outside [low, high] widened on each side by
+    `widen` times the range's width (a feature without a range is never outside)."""
+    pad = widen * np.where(np.isfinite(high - low), high - low, 0.0)
+    with np.errstate(invalid="ignore"):
+        return np.asarray(np.isfinite(x) & ((x < (low - pad)[None, :]) | (x > (high + pad)[None, :])))
 
 
 def _feature_group(name: str) -> str:
@@ -212,9 +216,7 @@ class Submodel:
         out = calibrate(raw, cal.temperature)
         if cal.familiar_temperature is not None and raw.shape[0]:
             x = values[:, _columns(self.features)]
-            lo, hi = np.asarray(cal.low), np.asarray(cal.high)
-            with np.errstate(invalid="ignore"):
-                inside = ~(np.isfinite(x) & ((x < lo[None, :]) | (x > hi[None, :]))).any(axis=1)
+            inside = ~outside_ranges(x, np.asarray(cal.low), np.asarray(cal.high)).any(axis=1)
             if inside.any():
                 out[inside] = calibrate(raw[inside], cal.familiar_temperature)
         return out
@@ -222,10 +224,9 @@ class Submodel:
     def judge(self, values: FloatArray, min_proba: float) -> tuple[FloatArray, np.ndarray, list[str]]:
         """Calibrated probabilities, the called class per window (-1: unknown) and why unknown.
 
-        A window is unknown when its best probability is below `min_proba`, when too many of its
-        features lie outside what the training windows spanned, or when the conformal prediction set
-        is not a single class (two or more fit: the telemetry cannot tell them apart; none fits: it
-        looks like no class the model knows)."""
+        A window is unknown when its features lie outside what the training windows spanned (see
+        `unfamiliar`; never a window in which no kernel ran), or when its best probability is below
+        `min_proba`; the reason then names the phases within half the best probability."""
         p = self.predict(values)
         n = p.shape[0]
         best = p.argmax(axis=1) if n else np.zeros(0, dtype=np.int64)
@@ -234,7 +235,6 @@ class Submodel:
         reasons = [""] * n
         cal = self.calibration
         ood: list[str] = [""] * n
-        call_at = min_proba
         if cal is not None and n:
             ood = self._outside(values, cal)
             if "util_max" in self.features:
@@ -245,10 +245,10 @@ class Submodel:
         for i in range(n):
             if ood[i]:
                 reasons[i] = ood[i]
-            elif conf[i] < call_at:
+            elif conf[i] < min_proba:
                 order = np.argsort(-p[i])
                 near = [PHASES[c] for c in order if p[i, c] >= 0.5 * conf[i]][:3]
-                reasons[i] = f"best probability {conf[i]:.2f} < {call_at}"
+                reasons[i] = f"best probability {conf[i]:.2f} < {min_proba}"
                 if len(near) > 1:
                     reasons[i] = f"could be {' or '.join(near)}: {reasons[i]}"
             else:
@@ -397,7 +397,7 @@ class PhaseModel:
                         cal = Calibration.from_dict(s["calibration"], len(s["features"]))
                     except (ValueError, KeyError, TypeError) as exc:
                         raise InputError(
-                            where, f"submodel {s['name']} calibration", "temperature, thresholds, ranges",
+                            where, f"submodel {s['name']} calibration", "temperatures and feature ranges",
                             str(exc)[:80],
                         ) from None
                 subs.append(

@@ -65,11 +65,6 @@ SUBSETS: dict[str, frozenset[str]] = {
     "power_mem": frozenset({"power", "mem_used"}),
 }
 
-def model_features(signals: frozenset[str]) -> list[str]:
-    """The features a submodel for `signals` is fitted on (every feature those signals allow)."""
-    return features_for_signals(signals)
-
-
 LGB_PARAMS: dict[str, Any] = {
     "objective": "multiclass",
     "num_class": len(PHASES),
@@ -197,9 +192,9 @@ def fit_submodel(
     rows = _fit_rows(table, train_ids, signals)
     if rows.size < 50 or np.unique(table.y[rows]).size < 2:
         return None
-    feats = model_features(signals)
+    feats = features_for_signals(signals)
     booster = _booster(table, rows, feats, rounds)
-    cal = fit_calibration(table, train_ids, signals, feats, rounds) if calibrated else None
+    cal = fit_calibration(table, train_ids, signals, feats, rounds, rows) if calibrated else None
     return Submodel(name, tuple(sorted(signals)), tuple(feats), booster, booster.model_to_string(), cal)
 
 
@@ -209,27 +204,32 @@ CALIBRATION_FOLDS = 3
 
 
 def fit_calibration(
-    table: WindowTable, train_ids: np.ndarray, signals: frozenset[str], feats: Sequence[str], rounds: int
+    table: WindowTable,
+    train_ids: np.ndarray,
+    signals: frozenset[str],
+    feats: Sequence[str],
+    rounds: int,
+    rows: np.ndarray,
 ) -> Calibration | None:
-    """The temperature from held-out predictions on the training side, and the feature ranges.
+    """The two temperatures and the feature ranges of a submodel fitted on `rows` (its `_fit_rows`).
 
-    The temperature is fitted for the situation the headline measures, a source never seen: each
-    training source is held out in turn, a booster fitted on the others predicts its windows, and only
-    the windows that the fold's own range check lets through are kept (the others would be `unknown`,
-    so their probabilities are never shown). The temperature is the one that best fits those
-    predictions (log loss, each class and run weighing as in fitting). With one source, three folds of
-    whole runs stand in. The ranges (0.5th to 99.5th percentile per feature) come from all rows.
+    Both temperatures are fitted on the training side only, as the ones with the least log loss (each
+    class and run weighing as in fitting) on held-out predictions:
+    - the familiar one, for windows inside every training range (a new run of a known source): each of
+      three folds of whole runs held out in turn;
+    - the new-source one, for the rest: each training source held out in turn, keeping only the held-out
+      windows that the fold's own range check lets through (the others would be `unknown`, so their
+      probabilities are never shown). With one source there is none, and the familiar one serves all.
+    The ranges (0.5th to 99.5th percentile per feature) come from `rows`.
 
-    Tried and measured (docs/EVALUATION.md): folds of runs alone calibrate new runs of known sources
-    well and new sources badly (ECE 0.04 against 0.28, 4.6% confidently wrong held out); folds of sources
-    without the range screen reached T = 20 and flattened every answer; both situations weighed half each
-    was worse than either on its own side."""
+    Tried and measured (docs/EVALUATION.md, "Tried and not kept"): one temperature from runs left 4.6% of
+    held-out windows confidently wrong; one from sources made familiar windows under-confident and left
+    `verify` unable to call the disguised-training runs; sources without the range screen reached T = 20."""
     eligible = np.array([i for i in train_ids if signals <= table.present[i]], dtype=np.int64)
     if eligible.size == 0:
         return None
-    rows_all = _fit_rows(table, eligible, signals)
     cols = np.array([FEATURE_NAMES.index(f) for f in feats], dtype=np.intp)
-    low, high = _ranges(table.X[np.ix_(rows_all, cols)])
+    low, high = _ranges(table.X[np.ix_(rows, cols)])
     sources = np.array([table.examples[i].source for i in eligible])
     assign = stratified_run_folds([table.examples[i] for i in eligible], CALIBRATION_FOLDS, 0)
     run_groups = np.array([f"runs{assign[table.examples[i].run]}" for i in eligible])
@@ -773,7 +773,7 @@ def _restrict(table: WindowTable, signals: frozenset[str]) -> WindowTable:
     keep_ex = np.array([signals <= p for p in table.present])
     rows = np.flatnonzero(keep_ex[table.ex])
     X = table.X[rows].copy()
-    allowed = set(model_features(signals))
+    allowed = set(features_for_signals(signals))
     for j, f in enumerate(FEATURE_NAMES):
         if f not in allowed:
             X[:, j] = np.nan
@@ -873,7 +873,8 @@ def model_card(table: WindowTable, evaluation: dict[str, Any] | None, seconds: f
         "algorithm": f"LightGBM multiclass, {NUM_ROUNDS} rounds, {LGB_PARAMS['num_leaves']} leaves, "
         "one booster per "
         "signal subset; class- and run-balanced weights; device-limit dropout; temperature "
-        f"calibration on {CALIBRATION_FOLDS} run folds; unknown outside the training ranges",
+        "scaling (held-out runs for familiar windows, held-out sources for the rest); unknown outside "
+        "the training ranges",
         "sources": sorted({e.source for e in table.examples}),
         "window_grid_s": table.config.min_grid_s,
         "training_data": {
