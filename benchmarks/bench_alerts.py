@@ -5,7 +5,7 @@
 Window probabilities are out-of-fold (models fitted on run-grouped folds without the run they predict).
 The alarm's threshold and drift are chosen by nested CV (inside each outer fold, on the other folds'
 out-of-fold predictions); the a-priori default parameters are scored on the same predictions beside them.
-See `phasescope.classify.alert_eval` for the definitions.
+See `phasescope.classify.lab.alert_eval` for the definitions.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from phasescope.classify import alert_eval, decide, onset, train
-from phasescope.classify.dataset import Example, load_examples
+from phasescope.classify import decide, onset
+from phasescope.classify.lab import alert_eval, onset_fit, train
+from phasescope.classify.lab.dataset import Example, load_examples
 from phasescope.cli.classify import with_windows
 from phasescope.schema import Trace
 
@@ -107,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     config = train.WindowConfig()
     if args.window is not None:
         config = train.WindowConfig(window_s=args.window, stride_s=args.window / 2)
-    subsets = onset.needed_subsets([c.trace for c in cases])
-    onset_table: onset.OnsetTable | None = None
+    subsets = onset_fit.needed_subsets([c.trace for c in cases])
+    onset_table: onset_fit.OnsetTable | None = None
     table: train.WindowTable
     if args.onset:
         config = onset.onset_config()
-        table = onset_table = onset.build_onset_table(cases)  # one stand-in example per alarm case
+        table = onset_table = onset_fit.build_onset_table(cases)  # one stand-in example per alarm case
         print(f"onset table: {table.y.size} windows in {table.seconds:.1f} s", flush=True)
     else:
         table = train.build_table(examples, config)
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def fit(exs: Sequence[Example]) -> Any:
         if args.onset:  # the fold's runs, through their alarm cases
-            return onset.fit_onset(table, {e.run for e in exs}, subsets)
+            return onset_fit.fit_onset(table, {e.run for e in exs}, subsets)
         return train.fit_model(table, np.array([index[id(e)] for e in exs], dtype=np.int64), subsets=subsets,
                                config=config)
 
@@ -132,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.stride != onset.ONSET_STRIDE_S:
             ap.error(f"--onset replays the live alarm, which runs every {onset.ONSET_STRIDE_S:g} s")
         # Each window as the live alarm judges it: on the trailing history at its tick, the case's context
-        # included (onset.case_windows; the table the folds fit on holds the same windows).
-        predict = onset.case_predictor(cases, onset_table)
+        # included (onset_fit.case_windows; the table the folds fit on holds the same windows).
+        predict = onset_fit.case_predictor(cases, onset_table)
 
     base = decide.AlarmParams(window_s=config.window_s)
     nested = alert_eval.nested_alarm_cv(examples, cases, fit, predict, base, k=args.k, seed=args.seed,

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from phasescope.classify import train
-from phasescope.classify.dataset import load_examples
 from phasescope.classify.decide import segments
-from phasescope.classify.paper_baseline import PaperBaseline, paper_features
+from phasescope.classify.lab import train
+from phasescope.classify.lab.dataset import load_examples
+from phasescope.classify.lab.paper_baseline import PaperBaseline, paper_features
 from phasescope.schema import Trace
 
 

@@ -38,8 +38,8 @@ from phasescope.classify.model import PhaseModel
 from phasescope.fleet import openmetrics
 from phasescope.fleet.collect import fetch_traces
 from phasescope.fleet.judge import judge_all
-from phasescope.fleet.prom import PromClient
 from phasescope.fleet.scan import ScanOptions, scan
+from phasescope.prom.client import PromClient
 from phasescope.schema import DeviceInfo, Trace
 from phasescope.sources.replay import read
 

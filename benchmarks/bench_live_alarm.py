@@ -26,10 +26,9 @@ from tests.live_helpers import ticks  # noqa: E402
 
 from phasescope.classify import onset  # noqa: E402
 from phasescope.classify.model import PhaseModel  # noqa: E402
-from phasescope.live_classify import LiveClassifier  # noqa: E402
-from phasescope.live_state import LiveState  # noqa: E402
-from phasescope.schema import Trace  # noqa: E402
-from phasescope.sources.base import TickBatch  # noqa: E402
+from phasescope.live.classify import LiveClassifier  # noqa: E402
+from phasescope.live.state import LiveState  # noqa: E402
+from phasescope.schema import TickBatch, Trace  # noqa: E402
 from phasescope.sources.replay import read  # noqa: E402
 
 RUNS = (

@@ -52,11 +52,10 @@ def run_agent(interval_s: float) -> None:
     from phasescope.classify.model import PhaseModel
     from phasescope.cli.serve import bind
     from phasescope.config import PriceConfig
-    from phasescope.live_classify import LiveClassifier
-    from phasescope.schema import MIB
+    from phasescope.live.classify import LiveClassifier
+    from phasescope.schema import MIB, TickBatch
     from phasescope.serve.agent import Agent
     from phasescope.serve.app import build_app
-    from phasescope.sources.base import TickBatch
     from phasescope.sources.nvml import NvmlSource
 
     fake = FakeNvml(eight_gpus(), mem_total_bytes=24576 * MIB, power_limit_w=350.0, energy_from_power=True,

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo
-from phasescope.sources.base import TickBatch
-from phasescope.store import Store
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, TickBatch
+from phasescope.store.live import Store
 
 T0 = 1_780_000_000.0
 CHUNK = 600

@@ -24,13 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from phasescope.live_classify import LiveClassifier
-from phasescope.live_history import BACKFILL_S, backfill_phases, open_history
-from phasescope.live_state import LiveState
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo
-from phasescope.sources.base import TickBatch
+from phasescope.live.classify import LiveClassifier
+from phasescope.live.history import BACKFILL_S, backfill_phases, open_history
+from phasescope.live.state import LiveState
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, TickBatch
 from phasescope.sources.replay import read
-from phasescope.store import Store
+from phasescope.store.live import Store
 
 RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"
 

@@ -29,8 +29,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phasescope.classify.model import PhaseModel
-from phasescope.schema import SIGNAL_NAMES, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
 from phasescope.sources.replay import read
 from phasescope.verify.audit import audit_bundle, check_chain
 from phasescope.verify.check import CheckParams, check_traces

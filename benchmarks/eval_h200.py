@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from phasescope.classify.lab.train import build_table, fit_model, load_data, predict_rows
 from phasescope.classify.model import PhaseModel
-from phasescope.classify.train import build_table, fit_model, load_data, predict_rows
 from phasescope.schema import PHASES
 
 REPO = Path(__file__).resolve().parents[1]

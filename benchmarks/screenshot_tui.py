@@ -27,10 +27,10 @@ from tests.conftest import shared_data_dir  # noqa: E402
 from tests.live_helpers import ticks, training_traces  # noqa: E402
 
 from phasescope.kpi.cost import Prices  # noqa: E402
-from phasescope.live_annotate import Annotator  # noqa: E402
-from phasescope.live_classify import LiveClassifier  # noqa: E402
-from phasescope.live_state import LiveState  # noqa: E402
-from phasescope.tui import TopApp  # noqa: E402
+from phasescope.live.annotate import Annotator  # noqa: E402
+from phasescope.live.classify import LiveClassifier  # noqa: E402
+from phasescope.live.state import LiveState  # noqa: E402
+from phasescope.views.tui import TopApp  # noqa: E402
 
 SIZE = (200, 12)
 
@@ -68,8 +68,8 @@ def _export(app: TopApp, size: tuple[int, int]) -> str:
 def demo_screenshot(out: Path, seconds: float = 15.0) -> Path:
     from phasescope.cli.demo import DEMO_PRICE_NOTE, DEMO_USD_PER_DEVICE_HOUR
     from phasescope.demo.children import DemoChildren
-    from phasescope.live_annotate import HookKpiReader
-    from phasescope.live_state import feed
+    from phasescope.live.annotate import HookKpiReader
+    from phasescope.live.state import feed
     from phasescope.sources.host import HostSource
 
     children = DemoChildren().start(device="cpu")

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phasescope.schema import SIGNAL_NAMES, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
 from phasescope.sources.replay import read
 
 TRAINING_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"

@@ -32,6 +32,8 @@ EXPECTED_IDS = {
     "no-training-at-run-time",
     "training-code-importers",
     "instrument-no-kpi",
+    "store-below-live",
+    "live-no-outputs",
 }
 
 
@@ -71,10 +73,11 @@ def test_every_rule_is_configured(config: dict[str, Any]) -> None:
     for module in ("phasescope.schema", "phasescope.classify", "phasescope.kpi", "phasescope.sources",
                    "phasescope.verify", "phasescope.instrument", "phasescope.features"):
         assert module in core["source_modules"]
-    for module in ("phasescope.cli", "phasescope.serve", "phasescope.display", "phasescope.tui",
-                   "phasescope.report", "phasescope.live_state"):
+    for module in ("phasescope.cli", "phasescope.serve", "phasescope.views", "phasescope.report",
+                   "phasescope.live"):
         assert module in core["forbidden_modules"]
     assert set(by_id["fleet-no-serve-cli"]["forbidden_modules"]) == {"phasescope.serve", "phasescope.cli"}
+    assert by_id["training-code-importers"]["protected_modules"] == ["phasescope.classify.lab"]
 
 
 def test_contracts_are_kept_on_the_real_graph(config: dict[str, Any], graph: Any) -> None:
@@ -107,15 +110,15 @@ def test_the_fixed_arrow_and_an_indirect_chain_are_caught(config: dict[str, Any]
     module that is no source of the contract breaks the training rule."""
     options = next(c for c in config["contracts_options"] if c["id"] == "core-no-views")
     bad = copy.deepcopy(graph)
-    bad.add_import(importer="phasescope.sources.host", imported="phasescope.display", line_number=1,
-                   line_contents="from phasescope.display import printable")
+    bad.add_import(importer="phasescope.sources.host", imported="phasescope.views.display", line_number=1,
+                   line_contents="from phasescope.views.display import printable")
     assert not _check(options, config["session_options"], bad)
 
     options = next(c for c in config["contracts_options"] if c["id"] == "no-training-at-run-time")
     assert "phasescope.text" not in options["source_modules"]
     bad = copy.deepcopy(graph)
-    bad.add_import(importer="phasescope.sampler", imported="phasescope.text", line_number=1,
+    bad.add_import(importer="phasescope.sources.sampler", imported="phasescope.text", line_number=1,
                    line_contents="from phasescope.text import printable")
-    bad.add_import(importer="phasescope.text", imported="phasescope.classify.dataset", line_number=1,
-                   line_contents="from phasescope.classify.dataset import load_examples")
+    bad.add_import(importer="phasescope.text", imported="phasescope.classify.lab.dataset", line_number=1,
+                   line_contents="from phasescope.classify.lab.dataset import load_examples")
     assert not _check(options, config["session_options"], bad)

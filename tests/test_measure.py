@@ -20,8 +20,7 @@ from phasescope.errors import InputError, SourceError
 from phasescope.kpi.cost import Prices
 from phasescope.kpi.energy import device_energy
 from phasescope.monitor import Measurement, Monitor
-from phasescope.schema import Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import TickBatch, Trace
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 

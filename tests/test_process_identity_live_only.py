@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from phasescope.recording import PROCESS_SCHEMA, RecordingWriter, processes_path_for, read_processes
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
-from phasescope.sources.base import TickBatch
-from phasescope.store import Store
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
+from phasescope.store.live import Store
+from phasescope.store.recording import PROCESS_SCHEMA, RecordingWriter, processes_path_for, read_processes
 
 SECRET = "hf_0123456789abcdefSECRET"
 

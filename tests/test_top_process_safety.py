@@ -24,15 +24,14 @@ import pytest
 from rich.console import Console
 from textual.widgets import DataTable
 
-from phasescope.display import printable
-from phasescope.live_state import LiveState, feed
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
+from phasescope.live.state import LiveState, feed
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
 from phasescope.sources import host as host_module
-from phasescope.sources.base import TickBatch
 from phasescope.sources.host import CombinedSource, HostSource, signal_process
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
-from phasescope.tui import ConfirmScreen, TopApp, render_table
+from phasescope.views.display import printable
+from phasescope.views.tui import ConfirmScreen, TopApp, render_table
 from tests.fakes.fake_nvml import FakeProcess
 
 SPAR_BERT = "spar-a100/bert_sst2_amp_NVIDIA_A100_SXM4_40GB_90abf7ca_20260309_182528.parquet"

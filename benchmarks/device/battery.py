@@ -1075,10 +1075,10 @@ def _recorder_main(args: argparse.Namespace) -> int:
     """One rate in its own process (own NVML handle, as two `phasescope record` would be): samples until
     "stop" or end of input arrives on stdin, then closes the recording and says so. With --samples it also
     polls NVML's sample buffers after every tick and writes them there."""
-    from phasescope.recording import RecordingWriter, _atomic_write_json, manifest_path_for
-    from phasescope.sampler import Sampler
-    from phasescope.sources.base import TickBatch
+    from phasescope.sources.sampler import Sampler
+    from phasescope.schema import TickBatch
     from phasescope.sources.nvml import NvmlSource
+    from phasescope.store.recording import RecordingWriter, _atomic_write_json, manifest_path_for
 
     close_fake = _install_fake_nvml(Path(args.fake_trace)) if args.fake_trace else (lambda: None)
     source = NvmlSource()
@@ -1278,7 +1278,7 @@ def _label_rows(battery: Battery, events: Path, rec_path: Path, manifest: dict[s
                 t0: float, t1: float, rate_hz: float) -> tuple[list[dict[str, Any]], str]:
     """Labels for one recording: hook segments clipped to the workload window, declared labels otherwise."""
     from phasescope.instrument.labels import label_rows
-    from phasescope.recording import read_recording
+    from phasescope.store.recording import read_recording
 
     devices = [tr.device for tr in read_recording(rec_path)]
     rel = str(rec_path.relative_to(battery.root))
@@ -1398,7 +1398,7 @@ def _write_meta(battery: Battery, meta: dict[str, Any]) -> None:
 
 def _stop_recorder(battery: Battery, proc: subprocess.Popen[str], path: Path) -> None:
     """Ask a recorder to close; if it died or hangs, finalise what it left (as `record --recover`)."""
-    from phasescope.recording import finalize, partial_dir_for
+    from phasescope.store.recording import finalize, partial_dir_for
 
     try:
         assert proc.stdin is not None
@@ -1432,7 +1432,7 @@ def _samples_line(summary: dict[str, Any] | None) -> str:
 def _one(battery: Battery, name: str, worker: subprocess.Popen[str], labels_path: Path,
          ready: dict[str, Any]) -> dict[str, Any]:
     from phasescope.instrument.labels import write_labels_csv
-    from phasescope.recording import _atomic_write_json, manifest_path_for, read_manifest
+    from phasescope.store.recording import _atomic_write_json, manifest_path_for, read_manifest
 
     paths = {rate: battery.root / f"{rate:g}hz" / f"{name}.parquet" for rate in RATES_HZ}
     samples = battery.root / "samples" / f"{name}.samples.parquet"

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pynvml
 import pytest
 
-from phasescope.recording import read_manifest
 from phasescope.schema import DeviceInfo, Trace
 from phasescope.sources.replay import read
+from phasescope.store.recording import read_manifest
 from tests.fakes.fake_nvml import FakeNvml
 
 REPO = Path(__file__).resolve().parents[2]

@@ -85,8 +85,8 @@ def _trace(mem: list[float]) -> Trace:
 
 
 def test_the_bar_is_the_median_over_the_spans_at_the_live_views_threshold() -> None:
-    from phasescope import live_state
     from phasescope.fleet import judge
+    from phasescope.live import state as live_state
 
     assert live_state.HELD_MEM_BYTES == HELD_MEM_BYTES == judge.DEFAULT_HELD_MEM_BYTES == GIB
     t = _trace([0.5 * GIB, 0.5 * GIB, 8 * GIB, HELD_MEM_BYTES, HELD_MEM_BYTES, np.nan])

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from phasescope.classify import onset
-from phasescope.classify.alert_eval import AlarmCase, build_cases
 from phasescope.classify.decide import AlarmParams, TrainingAlarm, alarm_times, p_training
+from phasescope.classify.lab import onset_fit
+from phasescope.classify.lab.alert_eval import AlarmCase, build_cases
 from phasescope.classify.model import PhaseModel
 from phasescope.features import FEATURE_NAMES, window_features
 from phasescope.schema import PHASES, DeviceInfo, Trace
@@ -29,7 +30,7 @@ def fake_case(label: str, onset_at: float | None, span_from: float = math.nan) -
 
 
 def test_share_after() -> None:
-    s = onset.share_after(np.array([0.0, 10.0, 20.0, 30.0]), np.array([15.0, 25.0, 35.0, 45.0]), 20.0)
+    s = onset_fit.share_after(np.array([0.0, 10.0, 20.0, 30.0]), np.array([15.0, 25.0, 35.0, 45.0]), 20.0)
     assert s.tolist() == [0.0, pytest.approx(1 / 3), 1.0, 1.0]
 
 
@@ -37,12 +38,12 @@ def test_window_labels_follow_the_share_rule() -> None:
     start = np.array([40.0, 45.0, 50.0, 55.0])
     end = start + 15.0
     # Onset at 55: shares 0, 1/3, 2/3, 1 -> only the last two hold at least half training.
-    got = onset.window_labels(fake_case("training", 55.0), start, end)
+    got = onset_fit.window_labels(fake_case("training", 55.0), start, end)
     assert got.tolist() == [OTHER, OTHER, TRAIN, TRAIN]
     # Inference watched with its pre-roll: the same rule, with the inference label after the span's start.
-    got = onset.window_labels(fake_case("inference", None, span_from=55.0), start, end)
+    got = onset_fit.window_labels(fake_case("inference", None, span_from=55.0), start, end)
     assert got.tolist() == [OTHER, OTHER, INFER, INFER]
-    assert onset.window_labels(fake_case("idle", None), start, end).tolist() == [PHASES.index("idle")] * 4
+    assert onset_fit.window_labels(fake_case("idle", None), start, end).tolist() == [PHASES.index("idle")] * 4
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def cases(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[A
 
 
 def test_onset_table_labels_straddling_windows(cases: list[AlarmCase]) -> None:
-    table = onset.build_onset_table(cases)
+    table = onset_fit.build_onset_table(cases)
     cfg = onset.onset_config()
     known = [i for i, c in enumerate(cases) if c.onset is not None and c.onset_known]
     assert known, "the subset has SensorGuard training runs with a recorded start"
@@ -63,7 +64,7 @@ def test_onset_table_labels_straddling_windows(cases: list[AlarmCase]) -> None:
         assert (y[: np.argmax(y == TRAIN)] == OTHER).all()  # pre-roll first, then training to the end
         assert (y[np.argmax(y == TRAIN):] == TRAIN).all()
         # The first training window starts before the run: it straddles the start.
-        wf = onset.case_windows(c, cfg)
+        wf = onset_fit.case_windows(c, cfg)
         assert wf.start.size == rows.size
         first = int(np.argmax(y == TRAIN))
         assert wf.start[first] < c.onset < wf.end[first]
@@ -71,9 +72,9 @@ def test_onset_table_labels_straddling_windows(cases: list[AlarmCase]) -> None:
 
 
 def test_fit_save_load_predicts_the_same(cases: list[AlarmCase], tmp_path: Path) -> None:
-    table = onset.build_onset_table(cases)
+    table = onset_fit.build_onset_table(cases)
     runs = sorted({c.run for c in cases})
-    model = onset.fit_onset(table, set(runs[::2]) | {c.run for c in cases if c.onset_known}, ["all9"])
+    model = onset_fit.fit_onset(table, set(runs[::2]) | {c.run for c in cases if c.onset_known}, ["all9"])
     assert model.config.window_s == onset.ONSET_WINDOW_S and model.version == onset.ALARM_MODEL_VERSION
     path = tmp_path / "alarm.json"
     model.save(path)
@@ -143,7 +144,7 @@ def test_onset_table_features_are_the_live_alarms(cases: list[AlarmCase]) -> Non
     case's first sample)."""
     c = max((c for c in cases if c.onset_known), key=lambda c: len(c.trace))
     assert c.trace.time[-1] - c.trace.time[0] > 3 * onset.HISTORY_S  # long enough for the histories to differ
-    table = onset.build_onset_table([c])
+    table = onset_fit.build_onset_table([c])
     rows = np.flatnonzero((table.ex == 0) & (table.copy == 1))
     ends, live = _live_replay(c.fed)
     kept = [k for k, e in enumerate(ends) if e > c.trace.time[0]]  # the rest judge only its context
@@ -184,7 +185,7 @@ def test_case_windows_hold_the_history_before_the_watched_start(bert_case: tuple
     before = full.time[(full.time > t0 - onset.HISTORY_S) & (full.time < t0)]
     assert c.context is not None and before.size >= 10
     np.testing.assert_array_equal(c.context.time, before)
-    table = onset.build_onset_table([c])
+    table = onset_fit.build_onset_table([c])
     rows = np.flatnonzero((table.ex == 0) & (table.copy == 1))
     # A live alarm started at the context's first sample, handed the file's trailing HISTORY_S at each tick.
     ends, live = _live_replay(full, since=float(before[0]), until=float(c.trace.time[-1]))
@@ -211,9 +212,9 @@ def test_evaluation_predicts_the_live_windows(which: str, cases: list[AlarmCase]
     """The nested CV's per-window probabilities are what `OnsetAlarm` would feed its CUSUM live (ticks from
     the case's context on; the windows that end by the watched start are not the case's)."""
     c = next(c for c in cases if c.onset_known) if which == "subset" else bert_case[0]
-    table = onset.build_onset_table([c])
+    table = onset_fit.build_onset_table([c])
     model = onset.load_alarm_model()
-    got = onset.case_predictor([c], table)(model, c.trace)
+    got = onset_fit.case_predictor([c], table)(model, c.trace)
     alarm = onset.OnsetAlarm(model, AlarmParams(window_s=onset.ONSET_WINDOW_S))
     fed: list[tuple[float, float]] = []
 

@@ -349,9 +349,8 @@ def test_a_recording_names_the_process_that_holds_an_idle_gpu(
 ) -> None:
     """A phasescope recording keeps its process samples: an idle GPU with a process on it is held, by that
     process, whatever its memory; the idle GPU beside it with none is not (and says so: [], not null)."""
-    from phasescope.recording import RecordingWriter
-    from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
-    from phasescope.sources.base import TickBatch
+    from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
+    from phasescope.store.recording import RecordingWriter
 
     idle = next(t for t in read(shared_data / TRAIN_GPT2) if t.device.index == 1)  # ~0.5 GiB in use
     devices = [DeviceInfo("GPU-held", "NVIDIA GeForce RTX 3090", 0),

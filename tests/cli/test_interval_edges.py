@@ -22,7 +22,7 @@ import pytest
 
 from phasescope.cli import main
 from phasescope.cli import top as top_mod
-from phasescope.live_state import LiveState
+from phasescope.live.state import LiveState
 
 ALIBABA = "alibaba-gentd26/pod_gpu_duty_cycle_anon.csv"  # one sample a minute
 

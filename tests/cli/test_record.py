@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from phasescope.cli import main
-from phasescope.recording import manifest_path_for, partial_dir_for, read_recording
 from phasescope.schema import SIGNAL_NAMES
 from phasescope.sources.replay import read
+from phasescope.store.recording import manifest_path_for, partial_dir_for, read_recording
 
 RUN = "sensorguard-rtx3090/20260824_calib-bursty_verifier-gpu0_s0_r01/nvml.csv"
 
@@ -172,7 +172,7 @@ def test_default_output_name(tmp_path: Path) -> None:
 
 
 def test_store_keeps_the_same_samples_as_the_recording(tmp_path: Path, shared_data: Path) -> None:
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     out, db = tmp_path / "r.parquet", tmp_path / "live.sqlite"
     src = shared_data / RUN
@@ -192,7 +192,7 @@ def test_a_store_another_process_writes_is_refused(tmp_path: Path, shared_data: 
     before making a recording."""
     import socket
 
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     db, out = tmp_path / "live.sqlite", tmp_path / "r.parquet"
     spec = f"replay:{shared_data / RUN}?speed=200"
@@ -214,8 +214,8 @@ def test_a_command_that_ends_before_the_first_sample_keeps_its_exit_code(
     """`record -- CMD` exits with CMD's code; a CMD that fails at once (before the first tick) used to turn
     into "nothing recorded" and exit 2, hiding its own code."""
     from phasescope.cli.record import _record_command
-    from phasescope.recording import RecordingWriter
     from phasescope.sources.host import HostSource
+    from phasescope.store.recording import RecordingWriter
 
     class NoTicks:  # the child's exit wins the race with the first tick
         interval_s = 1.0
@@ -272,7 +272,7 @@ def test_a_store_that_cannot_be_written_stops_the_store_not_the_recording(
 ) -> None:
     """`record --store` on a full disk used to stop the recording with a traceback (sqlite3 disk I/O
     error); the recording is what was asked for: it goes on, the store keeps what it had."""
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     out, db = tmp_path / "r.parquet", tmp_path / "live.sqlite"
     proc = subprocess.run(

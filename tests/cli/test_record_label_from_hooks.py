@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from phasescope.classify import train
+from phasescope.classify.lab import train
 from phasescope.cli.evaluate import command as eval_command
-from phasescope.recording import read_manifest
+from phasescope.store.recording import read_manifest
 from tests.instrument import runner
 from tests.instrument.runner import SCRIPTS
 
@@ -101,9 +101,8 @@ def test_a_phase_without_a_sample_is_left_out_of_the_labels(
     from phasescope.cli.record import _write_labels
     from phasescope.instrument import events as ev
     from phasescope.instrument.labels import label_rows
-    from phasescope.recording import RecordingWriter
-    from phasescope.schema import SIGNAL_NAMES, DeviceInfo
-    from phasescope.sources.base import TickBatch
+    from phasescope.schema import SIGNAL_NAMES, DeviceInfo, TickBatch
+    from phasescope.store.recording import RecordingWriter
     from tests.instrument.tiny_training import train_then_eval  # imports torch
 
     events = tmp_path / "events"

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from phasescope.cli import cli, main
-from phasescope.display import fmt_usd
+from phasescope.views.display import fmt_usd
 from tests.live_helpers import TRAINING_RUN
 
 SPAR = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
@@ -86,7 +86,7 @@ def test_report_of_a_phasescope_recording(shared_data: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     """The real training run written as our own Parquet recording (the writer `phasescope record` uses)
     reports the same phases as the original log."""
-    from phasescope.recording import RecordingWriter
+    from phasescope.store.recording import RecordingWriter
     from tests.live_helpers import ticks, training_traces
 
     rec = tmp_path / "run.parquet"

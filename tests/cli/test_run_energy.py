@@ -20,8 +20,7 @@ import pytest
 
 from phasescope.cli.run import DeviceWatch
 from phasescope.kpi.energy import device_energy
-from phasescope.schema import SIGNAL_NAMES, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.instrument import runner

@@ -141,7 +141,7 @@ def test_store_history_is_served_from_the_start(shared_data: Path, tmp_path: Pat
     are on the API at once, ahead of the replay's own samples, and new samples go into the same store."""
     import json
 
-    from phasescope.store import Store
+    from phasescope.store.live import Store
     from tests.cli.test_top import _store_from_the_training_run
     from tests.live_helpers import TRAINING_RUN, training_traces
     from tests.test_tui import HISTORY_ROWS
@@ -171,7 +171,7 @@ def test_a_store_another_process_writes_is_one_clear_line(tmp_path: Path) -> Non
     two writers would interleave one device's samples."""
     import os
 
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     path = tmp_path / "live.sqlite"
     with Store(path):  # this test process is the live writer

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from phasescope.cli import main
-from phasescope.display import MISSING
-from phasescope.live_state import LiveState
+from phasescope.live.state import LiveState
+from phasescope.views.display import MISSING
 from tests.live_helpers import TRAINING_RUN
 
 GEMM_ON_GPU1 = "sensorguard-rtx3090/20260825_hpc_gemm_verifier-gpu1_s3_r03/nvml.csv"
@@ -37,7 +37,7 @@ def test_once_on_a_replayed_training_run(shared_data: Path, capsys: pytest.Captu
 def test_no_alarm_flag_reaches_the_live_classifier(
     shared_data: Path, flag: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from phasescope import live_classify
+    from phasescope.live import classify as live_classify
 
     made: list[live_classify.LiveClassifier] = []
 
@@ -63,8 +63,8 @@ def test_config_thresholds_reach_the_live_classifier(
     shared_data: Path, config: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from phasescope import live_classify
     from phasescope.cli import top as top_module
+    from phasescope.live import classify as live_classify
 
     made: list[live_classify.LiveClassifier] = []
     states: list[LiveState] = []
@@ -194,7 +194,7 @@ def no_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _store_from_the_training_run(shared_data: Path, path: Path, newest_age_s: float = 5.0) -> int:
     """Five minutes of the real training run (GPU 0 trains, GPU 1 idles) in a store; returns samples."""
-    from phasescope.store import Store
+    from phasescope.store.live import Store
     from tests.live_helpers import training_traces
     from tests.test_tui import _training_rows, write_store
 
@@ -213,7 +213,7 @@ def _spark(line: str) -> str:
 def test_store_history_shows_in_the_first_table_and_new_samples_are_written(
     shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     path = tmp_path / "live.sqlite"
     before = _store_from_the_training_run(shared_data, path)
@@ -233,7 +233,7 @@ def test_store_history_shows_in_the_first_table_and_new_samples_are_written(
 def test_read_only_store_and_the_default_store_are_never_written(
     shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from phasescope.store import Store, default_store_path
+    from phasescope.store.live import Store, default_store_path
 
     spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"
     path = tmp_path / "live.sqlite"
@@ -264,7 +264,7 @@ def test_a_store_another_process_writes_is_only_read(
     import subprocess
     import sys
 
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     path = tmp_path / "live.sqlite"
     before = _store_from_the_training_run(shared_data, path)
@@ -276,7 +276,7 @@ def test_a_store_another_process_writes_is_only_read(
         assert f"process {os.getpid()} is writing it now" in err and "top only reads it" in err
         assert agent.count() == before
     # A writer killed outright: its entry stays, its pid does not.
-    code = (f"import os, sys; from phasescope.store import Store; s = Store({str(path)!r}); "
+    code = (f"import os, sys; from phasescope.store.live import Store; s = Store({str(path)!r}); "
             "sys.stdout.write(str(os.getpid())); sys.stdout.flush(); os._exit(0)")
     dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     with sqlite3.connect(path) as conn:
@@ -349,7 +349,7 @@ def test_store_problems_are_one_line_and_top_goes_on(
 def test_a_new_store_is_created_and_filled(
     shared_data: Path, tmp_path: Path, no_default_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     path = tmp_path / "new" / "live.sqlite"
     spec = f"replay:{shared_data / TRAINING_RUN}?speed=20"

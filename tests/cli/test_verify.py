@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from phasescope.cli import main
-from phasescope.schema import SIGNAL_NAMES
-from phasescope.sources.base import TickBatch
-from phasescope.store import Store
+from phasescope.schema import SIGNAL_NAMES, TickBatch
+from phasescope.store.live import Store
 from tests.verify._data import DUTY_SHAPING, INFERENCE_CONTROL, labelled
 
 DUTY_FILE = DUTY_SHAPING[0]

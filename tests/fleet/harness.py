@@ -19,10 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
-from phasescope.recording import RecordingWriter
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, TickBatch, Trace
 from phasescope.sources.replay import read
+from phasescope.store.recording import RecordingWriter
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"

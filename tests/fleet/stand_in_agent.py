@@ -11,8 +11,8 @@ from prometheus_client import start_http_server
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from phasescope.prom.names import SIGNAL_METRICS
 from phasescope.schema import SIGNAL_NAMES
-from phasescope.serve.metric_names import SIGNAL_METRICS
 from phasescope.sources.open import open_source
 
 

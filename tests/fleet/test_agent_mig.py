@@ -1,7 +1,7 @@
 """A MIG GPU watched by phasescope's own agent: its instances are priced as shares of one physical GPU.
 
 The agent names each MIG instance by its own uuid (`MIG-...`) and keeps the parent GPU and the profile in
-the info metric `phasescope_gpu_info` (serve/metric_names.py), where dcgm-exporter puts them on every
+the info metric `phasescope_gpu_info` (prom/names.py), where dcgm-exporter puts them on every
 series (`UUID` of the parent, `GPU_I_ID`, `GPU_I_PROFILE`: test_judge_mig.py). The fleet joins that info by
 uuid, so one A100 split in two instances held idle for an hour costs one GPU-hour, not three.
 """
@@ -19,11 +19,11 @@ from phasescope.classify.model import PhaseModel
 from phasescope.fleet import names
 from phasescope.fleet.collect import _batches, build_traces, discover, fetch_traces, in_shard
 from phasescope.fleet.judge import HELD_IDLE, judge_all
-from phasescope.fleet.prom import PromClient, Series
 from phasescope.fleet.shard import Shard
 from phasescope.kpi.cost import Prices
+from phasescope.prom.client import PromClient, Series
+from phasescope.prom.names import SIGNAL_METRICS
 from phasescope.schema import DeviceInfo, Trace
-from phasescope.serve.metric_names import SIGNAL_METRICS
 
 A100 = "NVIDIA A100-SXM4-40GB"
 # One A100: the parent row, and two 3g instances (6 of its 7 slices; the parent pays the unassigned 1/7).

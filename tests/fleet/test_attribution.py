@@ -23,9 +23,9 @@ from phasescope.fleet import attribution
 from phasescope.fleet.collect import fetch_traces
 from phasescope.fleet.judge import HELD_IDLE, judge_all
 from phasescope.fleet.openmetrics import write_stream
-from phasescope.fleet.prom import PromClient
 from phasescope.fleet.summary import summary
-from phasescope.live_classify import LiveClassifier
+from phasescope.live.classify import LiveClassifier
+from phasescope.prom.client import PromClient
 from phasescope.schema import DeviceInfo, ProcessSample, Trace
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for

@@ -6,8 +6,8 @@ import numpy as np
 
 from phasescope.fleet import names
 from phasescope.fleet.collect import _batches, _Device, build_traces, fetch_limits, in_shard
-from phasescope.fleet.prom import Series
 from phasescope.fleet.shard import Shard
+from phasescope.prom.client import Series
 from phasescope.schema import MIB, Trace
 
 
@@ -87,7 +87,7 @@ def test_a_mig_gpus_instances_stay_in_one_batch_and_one_shard() -> None:
 
 
 def test_agent_names_come_from_the_exporter() -> None:
-    from phasescope.serve.metric_names import SIGNAL_METRICS
+    from phasescope.prom.names import SIGNAL_METRICS
 
     mmap = names.metric_map()
     assert mmap.metrics[SIGNAL_METRICS["power"].name] == ("power", 1.0)

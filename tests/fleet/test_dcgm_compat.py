@@ -36,9 +36,9 @@ from tests.fleet.harness import (
 
 from phasescope.cli.fleet import command as fleet_command
 from phasescope.fleet import collect
-from phasescope.fleet.prom import PromClient
+from phasescope.prom import names as mn
+from phasescope.prom.client import PromClient
 from phasescope.schema import SIGNALS
-from phasescope.serve import metric_names as mn
 from phasescope.sources.replay.dcgm_prom import FIELDS
 
 PROM = REPO / "deploy/prometheus"

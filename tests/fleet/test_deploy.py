@@ -16,7 +16,7 @@ import yaml
 from tests.fleet.harness import PROMTOOL, REPO, need_tool
 
 from phasescope.fleet.shard import parse_shard
-from phasescope.serve import metric_names as mn
+from phasescope.prom import names as mn
 from phasescope.sources.containers import ContainerResolver
 
 DEPLOY = REPO / "deploy"

@@ -10,8 +10,8 @@ from phasescope.classify.model import PhaseModel
 from phasescope.fleet import names
 from phasescope.fleet.collect import _Device, build_traces
 from phasescope.fleet.judge import HELD_IDLE, judge_all
-from phasescope.fleet.prom import Series
 from phasescope.kpi.cost import Prices
+from phasescope.prom.client import Series
 from phasescope.schema import MIB, Trace
 
 

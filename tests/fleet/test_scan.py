@@ -15,9 +15,9 @@ from phasescope.classify.model import PhaseModel
 from phasescope.cli import main
 from phasescope.errors import SourceError
 from phasescope.fleet.collect import plan_fetch
-from phasescope.fleet.prom import PromClient
 from phasescope.fleet.scan import ScanOptions, scan
-from phasescope.serve.metric_names import SIGNAL_METRICS
+from phasescope.prom.client import PromClient
+from phasescope.prom.names import SIGNAL_METRICS
 
 DEVICES = [f"GPU-{i}" for i in range(6)]
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from phasescope.instrument.analysis import summarize
 from phasescope.instrument.events import load_events
 from phasescope.instrument.hooks import Recorder
 from phasescope.instrument.timeline import PENDING_GRACE_S
-from phasescope.live_annotate import INFERENCE_KEYS, HookKpiReader
+from phasescope.kpi.run_summary import summarize
+from phasescope.live.annotate import INFERENCE_KEYS, HookKpiReader
 
 
 @pytest.fixture

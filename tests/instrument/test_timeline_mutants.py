@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from phasescope.instrument import events as ev
-from phasescope.instrument.analysis import summarize
 from phasescope.instrument.hooks import Recorder
 from phasescope.instrument.lints import lint
 from phasescope.instrument.timeline import build
+from phasescope.kpi.run_summary import summarize
 
 WALL = 1000.0  # wall_offset: Unix time = monotonic + WALL
 TRAINED = ev.GRAD_ENABLED | ev.MODULE_TRAINING | ev.HAS_GRAPH

@@ -19,8 +19,7 @@ from phasescope.kpi.energy import (
     energy_per_device,
     totals_by_phase,
 )
-from phasescope.schema import SIGNAL_NAMES, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
 from phasescope.sources.replay import read
 
 TRAIN_RUN = "sensorguard-rtx3090/20260825_train_gpt2_wikitext_verifier-gpu0_s2_r03/nvml.csv"

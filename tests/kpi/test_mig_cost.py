@@ -11,11 +11,11 @@ import pytest
 
 from phasescope.cli import main
 from phasescope.kpi.cost import Prices, mig_shares
-from phasescope.recording import RecordingWriter
 from phasescope.report import build
 from phasescope.schema import DeviceInfo
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
+from phasescope.store.recording import RecordingWriter
 
 SPAR_RUN = "spar-a100/gpt2_wikitext2_amp_NVIDIA_A100_SXM4_40GB_580ec1ad_20260309_182332.parquet"
 SG_RUN = "sensorguard-rtx3090/20260824_train_gpt2_wikitext_verifier-gpu0_s0_r01/nvml.csv"

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phasescope.classify.model import PhaseModel
-from phasescope.sources.base import TickBatch
+from phasescope.schema import TickBatch
 
 PROMTOOL = "/usr/bin/promtool"
 CHROMIUM = "/usr/bin/chromium"

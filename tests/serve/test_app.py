@@ -14,10 +14,10 @@ import pytest
 
 from phasescope.classify.model import PhaseModel
 from phasescope.config import PriceConfig
-from phasescope.live_classify import LiveClassifier, PhaseReading
+from phasescope.live.classify import LiveClassifier, PhaseReading
+from phasescope.schema import TickBatch
 from phasescope.serve.agent import CHART_SIGNALS, Agent
 from phasescope.serve.app import PLOTLY_PATH, build_app
-from phasescope.sources.base import TickBatch
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 from tests.http_helpers import TestClient
@@ -120,7 +120,7 @@ def test_plotly_comes_from_the_installed_wheel(agent: Agent) -> None:
 
 
 def test_agent_keeps_every_tick_in_the_store_for_verify(shared_data: Path, tmp_path: Path) -> None:
-    from phasescope.store import Store
+    from phasescope.store.live import Store
 
     traces = read(shared_data / MIGRATION_RUN)
     store = Store(tmp_path / "live.sqlite")
@@ -258,7 +258,7 @@ def test_store_history_and_phase_are_served_before_the_first_tick(shared_data: P
     """`serve --store` after a restart: the API has the store's last minutes and the phase the classifier
     finds in them (real GPT-2 training on GPU 0, GPU 1 idle) before any live sample; then live ticks
     follow the history, and only they count for energy."""
-    from phasescope.store import Store
+    from phasescope.store.live import Store
     from tests.live_helpers import training_traces
     from tests.test_tui import HISTORY_ROWS, _training_rows, write_store
 
@@ -295,7 +295,7 @@ def test_store_history_and_phase_are_served_before_the_first_tick(shared_data: P
 
 
 def test_load_history_without_a_store_or_with_nothing_recent(shared_data: Path, tmp_path: Path) -> None:
-    from phasescope.store import Store
+    from phasescope.store.live import Store
     from tests.live_helpers import training_traces
     from tests.test_tui import _training_rows, write_store
 

@@ -15,12 +15,11 @@ import yaml
 from prometheus_client import generate_latest
 
 from phasescope.classify.model import PhaseModel
-from phasescope.live_classify import LiveClassifier
-from phasescope.schema import MIB, PHASES, ProcessSample
+from phasescope.live.classify import LiveClassifier
+from phasescope.schema import MIB, PHASES, SIGNAL_COLUMN, ProcessSample, TickBatch
 from phasescope.serve import collector as collector_module
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for
-from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.containers import Attribution, ContainerResolver
 from phasescope.sources.host import HostSource
 from phasescope.sources.nvml import NvmlSource

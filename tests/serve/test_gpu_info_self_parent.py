@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phasescope.classify.model import PhaseModel
-from phasescope.live_classify import LiveClassifier
+from phasescope.live.classify import LiveClassifier
 from phasescope.schema import DeviceInfo, Trace
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for

@@ -14,12 +14,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from phasescope.classify.model import PhaseModel
-from phasescope.live_classify import LiveClassifier
+from phasescope.live.classify import LiveClassifier
+from phasescope.prom import names as mn
+from phasescope.prom.exposition import TextWriter
 from phasescope.schema import MIB
-from phasescope.serve import metric_names as mn
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for
-from phasescope.serve.exposition import TextWriter
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from tests.serve.conftest import MIGRATION_RUN, promtool_check, samples

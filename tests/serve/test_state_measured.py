@@ -13,7 +13,7 @@ import pytest
 
 from phasescope.classify.model import PhaseModel
 from phasescope.config import PriceConfig
-from phasescope.live_classify import LiveClassifier
+from phasescope.live.classify import LiveClassifier
 from phasescope.schema import Trace
 from phasescope.serve.agent import Agent
 from phasescope.serve.app import build_app

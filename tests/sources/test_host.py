@@ -14,9 +14,8 @@ import numpy as np
 import psutil
 import pytest
 
-from phasescope.schema import SIGNAL_NAMES
+from phasescope.schema import SIGNAL_COLUMN, SIGNAL_NAMES
 from phasescope.sources import host as host_module
-from phasescope.sources.base import SIGNAL_COLUMN
 from phasescope.sources.host import CombinedSource, HostSource, is_host_device, signal_process
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read

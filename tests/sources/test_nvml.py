@@ -9,8 +9,7 @@ import pynvml
 import pytest
 
 from phasescope.errors import SourceError
-from phasescope.schema import MIB, PAPER_SIGNALS
-from phasescope.sources.base import SIGNAL_COLUMN
+from phasescope.schema import MIB, PAPER_SIGNALS, SIGNAL_COLUMN
 from phasescope.sources.host import HostSource
 from phasescope.sources.nvml import NvmlSource, nvml_available, open_nvml_or_none
 from tests.fakes.fake_nvml import FakeProcess

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from phasescope.errors import InputError
-from phasescope.schema import PAPER_SIGNALS, SIGNAL_NAMES, Trace
-from phasescope.sources.base import SIGNAL_COLUMN
+from phasescope.schema import PAPER_SIGNALS, SIGNAL_COLUMN, SIGNAL_NAMES, Trace
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
 

@@ -9,8 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phasescope.errors import InputError
-from phasescope.schema import SIGNAL_NAMES
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch
 from phasescope.verify.audit import _traces, check_chain
 from phasescope.verify.ledger import LedgerWriter, merkle_root
 from tests.verify._bundle import lines

@@ -7,7 +7,7 @@ from importlib import import_module
 
 import click
 
-from phasescope import __version__
+from phasescope.version import __version__
 from phasescope.errors import PhasescopeError
 
 # command name -> module in phasescope.cli that defines `command` (a click.Command).

@@ -306,7 +306,7 @@ def _recorded_processes(path: str, traces: Sequence[Trace]) -> dict[str, DeviceP
     for every other format, and for a recording without process rows (nothing tells who held a GPU)."""
     if not traces or traces[0].meta.get("format") != "phasescope":
         return None
-    from phasescope.recording import read_processes
+    from phasescope.store.recording import read_processes
 
     table = read_processes(path)
     if table.num_rows == 0:

@@ -11,7 +11,6 @@ import click
 
 from phasescope import config as configmod
 from phasescope.cli._options import FiniteFloatRange, price_options
-from phasescope.display import MISSING, fmt_usd
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.kpi.cost import (
     Cost,
@@ -25,6 +24,7 @@ from phasescope.kpi.cost import (
 )
 from phasescope.kpi.energy import DeviceEnergy, device_energy
 from phasescope.schema import Trace
+from phasescope.views.display import MISSING, fmt_usd
 
 # Also used by `report` and `top`.
 _price_options = price_options(

@@ -121,8 +121,8 @@ def command(
       phasescope demo --no-web                 # terminal only
     """
     from phasescope import config as configmod
-    from phasescope.live_annotate import HookKpiReader
-    from phasescope.live_classify import LiveClassifier
+    from phasescope.live.annotate import HookKpiReader
+    from phasescope.live.classify import LiveClassifier
     from phasescope.serve.agent import Agent
 
     DemoChildren.require_torch()

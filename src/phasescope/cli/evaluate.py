@@ -178,8 +178,8 @@ def command(
 
     Example: phasescope eval ../shared/data --extra data/h200
     """
-    from phasescope.classify import train
-    from phasescope.classify.progress import steps
+    from phasescope.classify.lab import train
+    from phasescope.classify.lab.progress import steps
 
     sources = [*data, *extra]
     examples = train.load_data(sources)

@@ -21,11 +21,10 @@ import click
 from phasescope.cli._options import interval_option, live_interval
 from phasescope.cli.run import CommandNotFound, _tty_foreground
 from phasescope.errors import InputError, SourceError
-from phasescope.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
-from phasescope.sampler import Sampler, until_played_out
-from phasescope.schema import PAPER_SIGNALS
-from phasescope.sources.base import TickBatch
+from phasescope.sources.sampler import Sampler, until_played_out
+from phasescope.schema import PAPER_SIGNALS, TickBatch
 from phasescope.sources.open import SPEC_HELP, open_source
+from phasescope.store.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
 
 PROGRESS_EVERY_S = 0.25
 
@@ -186,7 +185,7 @@ def command(
         interval = live_interval(source, interval)  # a replay: its own recorded rate (times the speed)
         store = None
         if store_path is not None:  # before the recording file: a store another process writes is refused
-            from phasescope.store import open_for_writing
+            from phasescope.store.live import open_for_writing
 
             try:
                 store = open_for_writing(store_path)
@@ -259,7 +258,7 @@ def _record_command(cmd: list[str], source: Any, sampler: Any, writer: Recording
 def _write_labels(events_dir: Path, path: Path, writer: RecordingWriter, family: str,
                   verbose: bool = True) -> None:
     from phasescope.instrument.labels import label_rows, split_unsampled, write_labels_csv
-    from phasescope.recording import read_recording
+    from phasescope.store.recording import read_recording
 
     seen = [s for s in PAPER_SIGNALS if s not in set(writer.missing_signals())]
     rate = f"{1.0 / writer.interval_s:g}" if writer.interval_s else ""
@@ -372,7 +371,7 @@ def _record(
 def _kept_samples(partial: Path) -> bool:
     """Whether a complete sample batch of this partial recording is on disk (what --recover needs). Stops
     at the first one found: cheap however long the recording ran."""
-    from phasescope.recording import SAMPLE_SCHEMA, _iter_segments
+    from phasescope.store.recording import SAMPLE_SCHEMA, _iter_segments
 
     try:
         return any(table.num_rows for table, _ in _iter_segments(partial, "seg", SAMPLE_SCHEMA))

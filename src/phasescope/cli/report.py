@@ -79,8 +79,8 @@ def command(inputs: tuple[str, ...], output: str, fmt: str, model_path: str | No
         raise InputError(output, "output", "a file in an existing directory", "no such directory")
     hooks = None
     if events_dir is not None:
-        from phasescope.instrument.analysis import summarize
         from phasescope.instrument.events import load_events
+        from phasescope.kpi.run_summary import summarize
 
         hooks = summarize(load_events(events_dir))
     loaded: list[tuple[str, list[Trace]]] = [(p, read(p, fmt)) for p in inputs]

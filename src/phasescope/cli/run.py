@@ -23,13 +23,13 @@ from rich.console import Console
 from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
 from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError, PhasescopeError
-from phasescope.instrument.analysis import summarize
 from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
 from phasescope.instrument.run_report import print_summary, render_html
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
-from phasescope.sampler import DEFAULT_INTERVAL_S
-from phasescope.sources.base import SIGNAL_COLUMN, TickBatch
+from phasescope.kpi.run_summary import summarize
+from phasescope.sources.sampler import DEFAULT_INTERVAL_S
+from phasescope.schema import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.scrape.poller import Poller
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -80,7 +80,7 @@ class DeviceWatch:
 
     def _run(self) -> None:
         try:
-            from phasescope.sampler import Sampler
+            from phasescope.sources.sampler import Sampler
             from phasescope.sources.open import open_source
         except ImportError as exc:
             self.notes.append(f"device not watched: {exc}")

@@ -97,7 +97,7 @@ def command(
     from phasescope.classify.model import PhaseModel
     from phasescope.cli.top import open_watched
     from phasescope.errors import InputError
-    from phasescope.live_classify import LiveClassifier
+    from phasescope.live.classify import LiveClassifier
 
     if metrics_token and not token:  # else /metrics would be served public, the opposite of what was asked
         raise InputError("--metrics-token", "token", "--token TOKEN or $PHASESCOPE_TOKEN, which /metrics "
@@ -128,7 +128,7 @@ def command(
                    "it sees the dashboard", err=True)
     hooks = None
     if events_dir:
-        from phasescope.live_annotate import HookKpiReader
+        from phasescope.live.annotate import HookKpiReader
 
         hooks = HookKpiReader(events_dir)
     agent = Agent(source, interval, classifier=classifier, prices=cfg.prices,
@@ -221,7 +221,7 @@ def _open_store(path: str | None) -> Any:
     if path is None:
         return None
     from phasescope.errors import InputError
-    from phasescope.store import open_for_writing
+    from phasescope.store.live import open_for_writing
 
     try:
         return open_for_writing(path)

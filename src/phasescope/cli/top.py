@@ -18,16 +18,16 @@ from phasescope.errors import SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
 from phasescope.kpi.cost import Prices
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
-from phasescope.live_history import DEFAULT_HISTORY_S, backfill_phases, open_history
-from phasescope.live_state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
-from phasescope.sampler import DEFAULT_INTERVAL_S
-from phasescope.schema import DeviceInfo
-from phasescope.sources.base import LiveSource, TickBatch
+from phasescope.live.history import DEFAULT_HISTORY_S, backfill_phases, open_history
+from phasescope.sources.sampler import DEFAULT_INTERVAL_S
+from phasescope.live.state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
+from phasescope.schema import DeviceInfo, TickBatch
+from phasescope.sources.base import LiveSource
 from phasescope.timespec import parse_duration
 
 if TYPE_CHECKING:
     from phasescope.config import Config
-    from phasescope.live_annotate import ScrapeKpiReader
+    from phasescope.live.annotate import ScrapeKpiReader
 
 ONCE_TICKS = 2  # per-process CPU % needs two readings
 PLAIN_WIDTH = 340  # columns when stdout is a file or pipe: one line per row, nothing cut
@@ -87,7 +87,7 @@ def run_live(
         history = open_history(Path(store), source.devices(), history_s, store_write, said.append)
     capacity = DEFAULT_HISTORY if history is None else history.capacity(history_s, interval_s)
     if classify and annotate is None:
-        from phasescope.live_classify import ring_ticks
+        from phasescope.live.classify import ring_ticks
 
         # A replay keeps its recorded spacing: the ring must hold what the classifier and alarm read.
         data_interval_s = float(getattr(source, "native_interval_s", interval_s))
@@ -141,7 +141,7 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
     stop = threading.Event()
     if mode == "tui":
         try:
-            from phasescope.tui import TopApp
+            from phasescope.views.tui import TopApp
         except ModuleNotFoundError as exc:
             source.close()
             if exc.name != "textual":
@@ -167,7 +167,7 @@ def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, d
 
     from rich.console import Console
 
-    from phasescope.tui import render_table
+    from phasescope.views.tui import render_table
 
     width = plain_console_width()
     console = Console(width=width) if width else Console()
@@ -211,7 +211,7 @@ def device_prices(
 
 def scrape_reader(spec: str) -> ScrapeKpiReader:
     """'http://host:8000/metrics@1' -> a reader for GPU index 1 ('@GPU-…' uuid too; none: the only device)."""
-    from phasescope.live_annotate import ScrapeKpiReader
+    from phasescope.live.annotate import ScrapeKpiReader
 
     url, at, device = spec.rpartition("@")
     if at and (device.isdigit() or device.startswith(("GPU-", "MIG-", "host:"))):
@@ -231,12 +231,12 @@ def make_annotator(
 ) -> Callable[[LiveState], None] | None:
     """The live classifier, hook-KPI and /metrics readers, as far as they can run here (a missing part is a
     notice)."""
-    from phasescope.live_annotate import Annotator, HookKpiReader
+    from phasescope.live.annotate import Annotator, HookKpiReader
 
     classifier = None
     if classify:
         try:
-            from phasescope.live_classify import LiveClassifier
+            from phasescope.live.classify import LiveClassifier
 
             classifier = LiveClassifier(
                 alarm=alarm, min_confidence=min_confidence, min_segment_s=min_segment_s
@@ -318,7 +318,7 @@ def command(
     history_s = parse_duration(history_text, "--history", allow_zero=True)
     store_write = not read_only_store
     if store_path is None:
-        from phasescope.store import default_store_path
+        from phasescope.store.live import default_store_path
 
         default = default_store_path()  # read when there, never created: nobody asked to keep samples
         store_path, store_write = (default, False) if default.is_file() and history_s > 0 else (None, False)

@@ -48,8 +48,8 @@ def command(
     Example:
       phasescope train-model ../shared/data -o my_model.json
     """
-    from phasescope.classify import train
-    from phasescope.classify.progress import steps
+    from phasescope.classify.lab import train
+    from phasescope.classify.lab.progress import steps
 
     t0 = time.perf_counter()
     if not Path(output).parent.is_dir():  # found out before the fit, not after it

@@ -1,7 +1,7 @@
 """Pod attribution for the fleet: the agent's `phasescope_gpu_pod_info` joined onto each GPU's Trace.
 
 The agent keeps pod labels off its per-GPU series (a label whose value changes would start a new series
-for every signal) and puts them in the info metric `phasescope_gpu_pod_info` (serve/metric_names.py).
+for every signal) and puts them in the info metric `phasescope_gpu_pod_info` (prom/names.py).
 `fetch` reads that metric over the scan's range with one `/api/v1/series` call. `attach` gives its pod,
 namespace and container to each Trace whose own series carry none, so the summary groups the agent's GPUs
 by namespace and pod as it groups dcgm-exporter's. dcgm-exporter's own pod labels, where present, win.
@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from phasescope.fleet import names
-from phasescope.fleet.prom import PromClient
+from phasescope.prom import names as mn
+from phasescope.prom.client import PromClient
 from phasescope.schema import Trace
-from phasescope.serve import metric_names as mn
 
 POD_INFO = mn.GPU_POD_INFO.name
 # exported_* first: a scrape job that sets `pod`/`namespace` target labels (the agent's own pod) makes

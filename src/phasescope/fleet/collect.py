@@ -23,14 +23,14 @@ import numpy as np
 
 from phasescope.errors import InputError
 from phasescope.fleet import attribution, names
-from phasescope.fleet.prom import PromClient, Series, escape_regex, selector_body
 from phasescope.fleet.shard import Shard
+from phasescope.prom import names as mn
+from phasescope.prom.client import PromClient, Series, escape_regex, selector_body
 from phasescope.schema import DeviceInfo, FloatArray, Trace
-from phasescope.serve import metric_names as mn
 
 # Device limits the features use (power limit, memory size): one instant value per device is enough.
 LIMIT_SIGNALS = ("power_limit", "mem_total")
-GPU_INFO = mn.GPU_INFO.name  # the agent's MIG parent and profile per device (serve/metric_names.py)
+GPU_INFO = mn.GPU_INFO.name  # the agent's MIG parent and profile per device (prom/names.py)
 # Series the dcgm-exporter compat rules derive from the agent's own (deploy/prometheus/dcgm_compat.yml):
 # the fleet reads the agent's series themselves, so these would only double the queries, and a MIG
 # instance the agent names `GPU-.../giN` would come back as a second device keyed `.../giN/giN`. (The

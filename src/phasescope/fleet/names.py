@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from phasescope.prom.names import SIGNAL_METRICS
 from phasescope.schema import PAPER_SIGNALS, SIGNALS
-from phasescope.serve.metric_names import SIGNAL_METRICS
 from phasescope.sources.replay.dcgm_prom import FIELDS as DCGM_FIELDS
 
 PREFIX = "phasescope_gpu_"

@@ -20,8 +20,8 @@ from typing import IO, Literal
 import numpy as np
 
 from phasescope.kpi.cost import mig_parent, mig_profile
+from phasescope.prom.names import GPU_INFO, SIGNAL_METRICS
 from phasescope.schema import PAPER_SIGNALS, SIGNALS, Trace
-from phasescope.serve.metric_names import GPU_INFO, SIGNAL_METRICS
 from phasescope.sources.replay.dcgm_prom import FIELDS as DCGM_FIELDS
 
 Family = Literal["phasescope", "dcgm"]

@@ -23,10 +23,10 @@ from phasescope.classify.model import PhaseModel
 from phasescope.errors import PhasescopeError, SourceError
 from phasescope.fleet.collect import FetchPlan, FetchStats, fetch_batch, plan_fetch
 from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES, DeviceVerdict, judge_all
-from phasescope.fleet.prom import PromClient
 from phasescope.fleet.shard import Shard
 from phasescope.fleet.summary import summary
 from phasescope.kpi.cost import Prices
+from phasescope.prom.client import PromClient
 
 # Batches per worker: several, so that a worker that drew slow batches does not leave the others idle
 # at the end of the pass.

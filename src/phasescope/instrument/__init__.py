@@ -59,7 +59,7 @@ def current() -> Recorder | None:
 
 def summary(**kwargs: Any) -> dict[str, Any]:
     """The run summary (segments, counts, KPIs, warnings) of the hooks installed in this process."""
-    from phasescope.instrument.analysis import summarize
+    from phasescope.kpi.run_summary import summarize
 
     if _recorder is None:
         raise RuntimeError("phasescope hooks are not installed: call phasescope.instrument() first")

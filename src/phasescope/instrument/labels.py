@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from phasescope.instrument.analysis import summarize
 from phasescope.instrument.events import ProcessEvents, load_events
+from phasescope.instrument.timeline import phase_segments
 from phasescope.schema import DeviceInfo, FloatArray
 
 LABEL_COLUMNS: tuple[str, ...] = ("path", "gpu_index", "t_from", "t_to", "label", "family", "gpu", "source",
@@ -35,11 +35,10 @@ def label_rows(events: str | Path | list[ProcessEvents], recording_path: str, de
     `t_from` / `t_to` are Unix seconds, the clock of phasescope recordings.
     """
     procs = load_events(events) if isinstance(events, (str, Path)) else events
-    summary = summarize(procs, idle_gap_s=idle_gap_s, with_peak=False)
     index_of = {d.uuid: _index(d, i) for i, d in enumerate(devices)}
     name_of = {d.uuid: d.name for d in devices}
     rows: list[dict[str, Any]] = []
-    for seg in summary["segments"]:
+    for seg in phase_segments(procs, idle_gap_s=idle_gap_s):
         uuid = seg["device"]
         if uuid not in index_of and uuid.startswith("host:") and len(devices) == 1:
             uuid = devices[0].uuid

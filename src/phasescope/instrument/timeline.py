@@ -243,3 +243,16 @@ def _segments(tl: Timeline, idle_gap_s: float) -> list[Segment]:
         else:
             out.append(Segment(phase, float(s[i]), float(e[i]), int(st[i]), int(fw[i])))
     return out
+
+
+def phase_segments(processes: list[ev.ProcessEvents], idle_gap_s: float = 10.0,
+                   now: float | None = None) -> list[dict[str, Any]]:
+    """Every phase segment (wall-clock times, with its `pid` and `device`) of the processes that ran at least
+    one forward or optimizer step, by start time: the run summary's `segments`, without its KPIs."""
+    out: list[dict[str, Any]] = []
+    for pe in processes:
+        tl = build(pe, idle_gap_s=idle_gap_s, now=now)
+        if tl.f_idx.size or tl.o_id.size:
+            out += [dict(s.to_dict(tl.wall_offset), pid=tl.pid, device=tl.device) for s in tl.segments]
+    out.sort(key=lambda s: s["start"])
+    return out

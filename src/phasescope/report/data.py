@@ -65,7 +65,7 @@ class ReportData:
     model_version: str
     model_note: str  # why no classification at all, or ""
     created: float = field(default_factory=time.time)
-    hooks: dict[str, Any] | None = None  # instrument.analysis.summarize() of a hook events dir
+    hooks: dict[str, Any] | None = None  # kpi.run_summary.summarize() of a hook events dir
 
     def phase_totals(self) -> dict[str, tuple[float, float, Cost]]:
         """label -> (device-seconds, joules, cost), over every device."""

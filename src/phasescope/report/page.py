@@ -10,7 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from phasescope.display import (
+from phasescope.kpi.cost import Cost
+from phasescope.kpi.energy import DeviceEnergy, PhaseEnergy, totals_by_phase
+from phasescope.report.data import DeviceReport, ReportData
+from phasescope.schema import PHASES, FloatArray, Trace
+from phasescope.views.display import (
     MISSING,
     PHASE_HEX,
     fmt_bytes,
@@ -19,10 +23,6 @@ from phasescope.display import (
     fmt_usd,
     fmt_watts,
 )
-from phasescope.kpi.cost import Cost
-from phasescope.kpi.energy import DeviceEnergy, PhaseEnergy, totals_by_phase
-from phasescope.report.data import DeviceReport, ReportData
-from phasescope.schema import PHASES, FloatArray, Trace
 
 MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and max
 # Browsers keep about 16 WebGL contexts per page (Chrome, Safari) and drop the oldest beyond that, which

@@ -19,15 +19,23 @@ import numpy as np
 from phasescope.config import PriceConfig
 from phasescope.kpi.cost import Prices, cost_of
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, FleetEnergyMeter
-from phasescope.live_annotate import Annotator, HookKpiReader
-from phasescope.live_classify import LiveClassifier, PhaseReading
-from phasescope.live_history import backfill_phases, loaded_note, recent_traces
-from phasescope.live_state import LiveState, Row, phase_from_hooks
-from phasescope.sampler import Sampler
-from phasescope.schema import PHASES, SIGNAL_NAMES, DeviceInfo, FloatArray
-from phasescope.sources.base import SIGNAL_COLUMN, GpuHealth, LiveSource, TickBatch
+from phasescope.live.annotate import Annotator, HookKpiReader
+from phasescope.live.classify import LiveClassifier, PhaseReading
+from phasescope.live.history import backfill_phases, loaded_note, recent_traces
+from phasescope.sources.sampler import Sampler
+from phasescope.live.state import LiveState, Row, phase_from_hooks
+from phasescope.schema import (
+    PHASES,
+    SIGNAL_COLUMN,
+    SIGNAL_NAMES,
+    DeviceInfo,
+    FloatArray,
+    GpuHealth,
+    TickBatch,
+)
+from phasescope.sources.base import LiveSource
 from phasescope.sources.host import is_host_device
-from phasescope.store import Store
+from phasescope.store.live import Store
 
 # Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).
 CHART_SIGNALS: tuple[str, ...] = ("gpu_util", "mem_util", "power", "mem_used", "temperature", "sm_clock")

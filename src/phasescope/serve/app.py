@@ -31,9 +31,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from phasescope.prom.exposition import TextWriter
 from phasescope.serve.agent import CHART_SIGNALS, Agent
 from phasescope.serve.collector import registry_for
-from phasescope.serve.exposition import TextWriter
 from phasescope.serve.page import render
 
 COOKIE = "phasescope_token"

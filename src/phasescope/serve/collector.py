@@ -30,9 +30,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from phasescope.kpi.cost import mig_parent, mig_profile
-from phasescope.schema import PHASES, SIGNAL_NAMES, ProcessSample
-from phasescope.serve import metric_names as mn
-from phasescope.sources.base import SIGNAL_COLUMN, GpuHealth
+from phasescope.prom import names as mn
+from phasescope.schema import PHASES, SIGNAL_COLUMN, SIGNAL_NAMES, GpuHealth, ProcessSample
 from phasescope.sources.containers import ContainerResolver, merge_labels
 from phasescope.sources.host import is_host_device
 

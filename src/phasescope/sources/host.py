@@ -28,8 +28,8 @@ from typing import TypeVar
 import numpy as np
 import psutil
 
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample
-from phasescope.sources.base import SIGNAL_COLUMN, LiveSource, TickBatch
+from phasescope.schema import SIGNAL_COLUMN, SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
+from phasescope.sources.base import LiveSource
 from phasescope.text import ellipsize, printable
 
 _NAN = math.nan

@@ -33,8 +33,17 @@ from typing import Any
 import numpy as np
 
 from phasescope.errors import SourceError
-from phasescope.schema import KB_PER_S, MHZ, PERCENT, SIGNAL_NAMES, DeviceInfo, ProcessSample
-from phasescope.sources.base import SIGNAL_COLUMN, GpuHealth, TickBatch
+from phasescope.schema import (
+    KB_PER_S,
+    MHZ,
+    PERCENT,
+    SIGNAL_COLUMN,
+    SIGNAL_NAMES,
+    DeviceInfo,
+    GpuHealth,
+    ProcessSample,
+    TickBatch,
+)
 
 try:
     import pynvml

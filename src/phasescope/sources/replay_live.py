@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from phasescope.errors import InputError
-from phasescope.schema import SIGNAL_NAMES, DeviceInfo, FloatArray, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, DeviceInfo, FloatArray, TickBatch, Trace
 
 # A device's sample counts as current for this many of its own median intervals.
 STALE_INTERVALS = 2.5

@@ -22,8 +22,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from phasescope.errors import PhasescopeError
-from phasescope.recording import device_from_json
 from phasescope.schema import SIGNALS, Trace
+from phasescope.store.recording import device_from_json
 from phasescope.verify.keys import fingerprint, parse_public
 from phasescope.verify.ledger import (
     FORMAT,

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from phasescope.classify.train import EVASION_FAMILIES, SUBSETS, build_table, fit_model, folds, load_data
+from phasescope.classify.lab.train import EVASION_FAMILIES, SUBSETS, build_table, fit_model, folds, load_data
 from phasescope.verify.check import check_trace
 from phasescope.verify.claims import Claim, parse_claim
 from phasescope.verify.ledger import model_digest

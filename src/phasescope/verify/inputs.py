@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from phasescope.errors import InputError
-from phasescope.schema import SIGNAL_NAMES, Trace
-from phasescope.sources.base import LiveSource, TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
+from phasescope.sources.base import LiveSource
 from phasescope.timespec import parse_time as parse_time  # the shared grammar (cli/verify uses it here)
 
 
@@ -108,7 +108,7 @@ def _check_one_device(uuid: str, parts: Sequence[Trace]) -> None:
 
 
 def read_store(path: str | Path | None, since: float | None, until: float | None) -> list[Trace]:
-    from phasescope.store import Store, default_store_path
+    from phasescope.store.live import Store, default_store_path
 
     p = Path(path) if path else default_store_path()
     if not p.exists():
@@ -128,7 +128,7 @@ def sample_live(
     sampler_kwargs: dict[str, Any] | None = None,
 ) -> list[Trace]:
     """Watch `source` for `duration_s` seconds; one Trace per device (and hand every tick to `on_tick`)."""
-    from phasescope.sampler import Sampler, until_played_out
+    from phasescope.sources.sampler import Sampler, until_played_out
 
     ticks: list[TickBatch] = []
     stop = stop or threading.Event()

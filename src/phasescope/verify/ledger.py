@@ -31,9 +31,8 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phasescope.errors import InputError
-from phasescope.recording import device_to_json
-from phasescope.schema import SIGNAL_NAMES, Trace
-from phasescope.sources.base import TickBatch
+from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
+from phasescope.store.recording import device_to_json
 from phasescope.verify.keys import fingerprint, public_pem
 
 FORMAT = "phasescope-ledger"

@@ -1,6 +1,6 @@
 """Reader of phasescope's own recordings: a closed `<file>` or the `<file>.partial/` of a running or
 crashed recorder (a torn IPC tail is read up to its last complete batch). The format lives in
-`phasescope.recording`; this module is the reader interface the replay registry expects."""
+`phasescope.store.recording`; this module is the reader interface the replay registry expects."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from phasescope.errors import InputError
-from phasescope.recording import read_recording
-from phasescope.recording import sniff as _sniff
 from phasescope.schema import Trace
+from phasescope.store.recording import read_recording
+from phasescope.store.recording import sniff as _sniff
 
 NAME = "phasescope"
 

@@ -1,0 +1,1 @@
+"""The live pipeline: sampler, state, classifier, annotations and history (top, serve, demo, run)."""

@@ -1,0 +1,1 @@
+"""Prometheus: metric names, the text exposition of /metrics, and the HTTP API client the fleet reads with."""

@@ -1,0 +1,1 @@
+"""What people see: the phase palette and vocabulary, the terminal table and TUI."""

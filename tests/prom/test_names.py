@@ -1,0 +1,62 @@
+"""Metric names follow the agreed scheme (common interface) and Prometheus naming practice."""
+
+from __future__ import annotations
+
+import re
+
+from phasescope.prom import names as mn
+from phasescope.schema import SIGNALS
+
+NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def test_agreed_names() -> None:
+    m = mn.SIGNAL_METRICS
+    assert m["power"].name == "phasescope_gpu_power_watts"
+    assert m["mem_used"].name == "phasescope_gpu_mem_used_bytes"
+    assert m["gpu_util"].name == "phasescope_gpu_gpu_util_ratio"
+    assert m["sm_clock"].name == "phasescope_gpu_sm_clock_hertz"
+    assert m["temperature"].name == "phasescope_gpu_temperature_celsius"
+    assert m["pcie_rx"].name == "phasescope_gpu_pcie_rx_bytes_per_second"
+    assert (m["energy"].name, m["energy"].kind) == ("phasescope_gpu_energy_joules_total", "counter")
+    assert m["energy"].family == "phasescope_gpu_energy_joules"  # prometheus_client adds _total itself
+    throttle = m["throttle_reasons"]
+    assert (throttle.name, throttle.kind) == ("phasescope_gpu_throttle_reasons", "gauge")
+    assert mn.PHASE_PROBABILITY.name == "phasescope_gpu_phase_probability"
+    assert mn.PHASE_CONFIDENCE.name == "phasescope_gpu_phase_confidence"
+    assert mn.SOURCE_UP.name == "phasescope_source_up"
+    assert mn.SCRAPE_DURATION.name == "phasescope_scrape_duration_seconds"
+    assert mn.DEVICE_LABELS == ("uuid", "gpu", "model", "host")
+    assert mn.GPU_POD_INFO.name == "phasescope_gpu_pod_info"
+    assert mn.GPU_PROCESS_INFO.name == "phasescope_gpu_process_info"
+    assert mn.GPU_INFO.name == "phasescope_gpu_info" and mn.GPU_INFO_LABELS == ("parent_uuid", "mig_profile")
+    assert mn.POD_LABELS == ("pod", "namespace", "container")
+    assert mn.TRAINING_ALARM.name == "phasescope_gpu_training_alarm"
+    assert (mn.IDLE_HELD.name, mn.IDLE_HELD.kind) == ("phasescope_gpu_idle_held", "gauge")
+    # A point in time is a *_time_seconds gauge (as process_start_time_seconds), so time() - x is its age.
+    assert mn.TRAINING_ALARM_START.name == "phasescope_gpu_training_alarm_start_time_seconds"
+
+
+def test_host_figures_are_not_named_as_gpu_figures() -> None:
+    # The host source's pseudo-device keeps CPU utilisation and RAM in the GPU columns; its names must not.
+    assert {m.name for m in mn.HOST_METRICS.values()} == {
+        "phasescope_host_cpu_util_ratio",
+        "phasescope_host_memory_used_bytes",
+        "phasescope_host_memory_total_bytes",
+    }
+    assert set(mn.HOST_METRICS) <= set(SIGNALS) and "uuid" not in mn.HOST_LABELS
+
+
+def test_every_signal_has_a_valid_name_counters_end_in_total() -> None:
+    all_metrics = [*mn.SIGNAL_METRICS.values(), mn.PHASE_PROBABILITY, mn.PHASE_CONFIDENCE, mn.PHASE_CURRENT,
+                   mn.PHASE_SECONDS, mn.PHASE_ENERGY, mn.SOURCE_UP, mn.SOURCE_ERRORS, mn.SAMPLER_TICKS,
+                   mn.SAMPLER_SKIPPED, mn.SCRAPE_DURATION, mn.GPU_POD_INFO, mn.GPU_PROCESS_INFO,
+                   mn.GPU_INFO, mn.TRAINING_ALARM, mn.TRAINING_ALARM_START, mn.IDLE_HELD,
+                   *mn.HOST_METRICS.values()]
+    assert set(mn.SIGNAL_METRICS) == set(SIGNALS)
+    names = [m.name for m in all_metrics]
+    assert len(set(names)) == len(names)
+    for m in all_metrics:
+        assert NAME.match(m.name) and m.name.startswith("phasescope_"), m.name
+        assert m.name.endswith("_total") == (m.kind == "counter"), m.name
+        assert m.help
