@@ -1075,9 +1075,9 @@ def _recorder_main(args: argparse.Namespace) -> int:
     """One rate in its own process (own NVML handle, as two `phasescope record` would be): samples until
     "stop" or end of input arrives on stdin, then closes the recording and says so. With --samples it also
     polls NVML's sample buffers after every tick and writes them there."""
-    from phasescope.sources.sampler import Sampler
     from phasescope.schema import TickBatch
     from phasescope.sources.nvml import NvmlSource
+    from phasescope.sources.sampler import Sampler
     from phasescope.store.recording import RecordingWriter, _atomic_write_json, manifest_path_for
 
     close_fake = _install_fake_nvml(Path(args.fake_trace)) if args.fake_trace else (lambda: None)

@@ -61,11 +61,11 @@ from phasescope.config import parse as parse_config
 from phasescope.errors import InputError, SourceError
 from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices
 from phasescope.kpi.energy import FleetEnergyMeter
-from phasescope.sources.sampler import MIN_INTERVAL_S, Sampler
 from phasescope.schema import SIGNAL_COLUMN, DeviceInfo, TickBatch
 from phasescope.sources.base import LiveSource
 from phasescope.sources.host import is_host_device
 from phasescope.sources.rapl import RaplReader
+from phasescope.sources.sampler import MIN_INTERVAL_S, Sampler
 
 log = logging.getLogger("phasescope.monitor")
 

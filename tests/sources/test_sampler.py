@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from phasescope.sources.sampler import Sampler
 from phasescope.schema import DeviceInfo, TickBatch
 from phasescope.sources.host import HostSource
+from phasescope.sources.sampler import Sampler
 
 
 class FakeClock:
@@ -138,8 +138,8 @@ def test_real_clock_run_with_the_host_source():
 def test_until_played_out_stops_at_the_end_of_a_replay_instead_of_passing_empty_ticks() -> None:
     import threading
 
-    from phasescope.sources.sampler import until_played_out
     from phasescope.schema import TickBatch
+    from phasescope.sources.sampler import until_played_out
 
     class Replay:
         exhausted = False

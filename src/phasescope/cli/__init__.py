@@ -7,8 +7,8 @@ from importlib import import_module
 
 import click
 
-from phasescope.version import __version__
 from phasescope.errors import PhasescopeError
+from phasescope.version import __version__
 
 # command name -> module in phasescope.cli that defines `command` (a click.Command).
 _COMMANDS: dict[str, str] = {

@@ -61,8 +61,8 @@ def live_interval(source: Any, interval: float | None, say: Callable[[str], None
     divided by its speed (1 s would keep one sample in ten of a 1 Hz file replayed at speed=10), within the
     sampler's 0.1 s limit; else 1 s. A replay that plays faster than that limit loses samples: `say` (default:
     a line on stderr) tells how many are kept."""
-    from phasescope.sources.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
     from phasescope.sources.replay_live import ReplaySource
+    from phasescope.sources.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 
     if interval is not None:
         return interval

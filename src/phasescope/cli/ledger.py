@@ -63,8 +63,8 @@ def command(
 
     require_cryptography()
     from phasescope.classify.model import PhaseModel
-    from phasescope.sources.sampler import Sampler, until_played_out
     from phasescope.sources.open import open_source
+    from phasescope.sources.sampler import Sampler, until_played_out
     from phasescope.verify.keys import load_or_create
     from phasescope.verify.ledger import LedgerWriter
 

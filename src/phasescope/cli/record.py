@@ -21,9 +21,9 @@ import click
 from phasescope.cli._options import interval_option, live_interval
 from phasescope.cli.run import CommandNotFound, _tty_foreground
 from phasescope.errors import InputError, SourceError
-from phasescope.sources.sampler import Sampler, until_played_out
 from phasescope.schema import PAPER_SIGNALS, TickBatch
 from phasescope.sources.open import SPEC_HELP, open_source
+from phasescope.sources.sampler import Sampler, until_played_out
 from phasescope.store.recording import RecordingWriter, finalize, manifest_path_for, partial_dir_for
 
 PROGRESS_EVERY_S = 0.25

@@ -28,8 +28,8 @@ from phasescope.instrument.inject import child_env
 from phasescope.instrument.run_report import print_summary, render_html
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.kpi.run_summary import summarize
-from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.schema import SIGNAL_COLUMN, TickBatch
+from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.sources.scrape.poller import Poller
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -80,8 +80,8 @@ class DeviceWatch:
 
     def _run(self) -> None:
         try:
-            from phasescope.sources.sampler import Sampler
             from phasescope.sources.open import open_source
+            from phasescope.sources.sampler import Sampler
         except ImportError as exc:
             self.notes.append(f"device not watched: {exc}")
             return

@@ -19,10 +19,10 @@ from phasescope.instrument.events import EVENTS_DIR_ENV
 from phasescope.kpi.cost import Prices
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
 from phasescope.live.history import DEFAULT_HISTORY_S, backfill_phases, open_history
-from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.live.state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
 from phasescope.schema import DeviceInfo, TickBatch
 from phasescope.sources.base import LiveSource
+from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.timespec import parse_duration
 
 if TYPE_CHECKING:

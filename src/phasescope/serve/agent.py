@@ -22,7 +22,6 @@ from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, FleetEnergyM
 from phasescope.live.annotate import Annotator, HookKpiReader
 from phasescope.live.classify import LiveClassifier, PhaseReading
 from phasescope.live.history import backfill_phases, loaded_note, recent_traces
-from phasescope.sources.sampler import Sampler
 from phasescope.live.state import LiveState, Row, phase_from_hooks
 from phasescope.schema import (
     PHASES,
@@ -35,6 +34,7 @@ from phasescope.schema import (
 )
 from phasescope.sources.base import LiveSource
 from phasescope.sources.host import is_host_device
+from phasescope.sources.sampler import Sampler
 from phasescope.store.live import Store
 
 # Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).

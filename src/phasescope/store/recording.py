@@ -33,7 +33,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from phasescope.version import __version__
 from phasescope.errors import InputError
 from phasescope.schema import (
     PAPER_SIGNALS,
@@ -44,6 +43,7 @@ from phasescope.schema import (
     TickBatch,
     Trace,
 )
+from phasescope.version import __version__
 
 FORMAT_NAME = "phasescope-recording"
 PROCESSES_FORMAT_NAME = "phasescope-processes"
