@@ -8,6 +8,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from phasescope.schema import Trace
 from phasescope.verify.check import CheckParams, check_trace
 from phasescope.verify.claims import parse_claim
 from phasescope.verify.keys import fingerprint, public_pem
@@ -18,10 +19,18 @@ from tests.verify._data import DUTY_SHAPING, INFERENCE_CONTROL, labelled, model
 AUDIT_KEY = Ed25519PrivateKey.generate()
 
 
-def make_bundle(shared: Path, out: Path, key: Ed25519PrivateKey, claim: str = "no-training") -> Path:
-    """Two real devices (disguised training, inference control), 60-sample batches, a root every 4 records."""
+def make_bundle(
+    shared: Path, out: Path, key: Ed25519PrivateKey, claim: str = "no-training", dated_to: float | None = None
+) -> Path:
+    """Two real devices (disguised training, inference control), 60-sample batches, a root every 4 records.
+
+    The logs' clock is seconds since their host booted; `dated_to` moves both onto the wall clock (Unix
+    seconds), keeping their gap, so that their last sample is at that time."""
     c = parse_claim(claim)
     traces = [labelled(shared, DUTY_SHAPING), labelled(shared, INFERENCE_CONTROL)]
+    if dated_to is not None:
+        shift = dated_to - max(float(t.time[-1]) for t in traces)
+        traces = [Trace(t.device, t.time + shift, t.columns, t.meta) for t in traces]
     with LedgerWriter(out, key, model=model(), root_every=4, batch_rows=60) as w:
         for t in traces:
             w.append_trace(t)

@@ -205,7 +205,7 @@ def test_damaged_records_are_problems_not_crashes(tmp_path: Path) -> None:
     write_records(p, recs)
     assert "line 2 (seq 1): batch record does not match its hash" in first_problem(p)
     p.write_bytes(b"".join([good[0], good[1].replace(b'"power":[1.0', b'"power":[NaN'), *good[2:]]))
-    assert "line 2 (seq 1): batch record does not match its hash" in first_problem(p)
+    assert "line 2 (seq 1): holds NaN (the ledger writes a missing value as null)" in first_problem(p)
     recs = [json.loads(x) for x in good]
     recs[1]["body"]["signals"] = [1.0, 2.0]
     recs[2]["body"]["meta"] = ["x"]
@@ -213,3 +213,44 @@ def test_damaged_records_are_problems_not_crashes(tmp_path: Path) -> None:
     problems = [q.line(p) for q in audit_bundle(p, KEY.public_key(), model()).problems]
     assert "line 2 (seq 1): batch record is malformed" in " ".join(problems)
     assert "line 3 (seq 2): batch record is malformed" in " ".join(problems)
+
+
+def test_a_header_naming_another_fingerprint_than_its_key(bundle: Path) -> None:
+    """The key holder cannot state one fingerprint (which people and `verify --input` read) and sign with
+    another key."""
+    recs = records(bundle)
+    recs[0]["body"]["key_fingerprint"] = "sha256:" + "0" * 32
+    write_records(bundle, resign(recs, KEY, name_key=False))
+    assert f"line 1 (seq 0): header names key fingerprint sha256:{'0' * 32}, but its public key's is" in (
+        first_problem(bundle)
+    )
+
+
+def test_the_closing_roots_key_fingerprint_edited_without_the_key(bundle: Path) -> None:
+    """A root's fingerprint is hashed but not signed, and nothing follows the closing root: rehashing it
+    needs no key, so the audit checks the stated fingerprint against the header's key."""
+    from phasescope.verify.keys import fingerprint
+    from phasescope.verify.ledger import record_hash
+
+    recs = records(bundle)
+    last = recs[-1]
+    last["body"]["key_fingerprint"] = fingerprint(Ed25519PrivateKey.generate().public_key())
+    last["hash"] = record_hash(last["seq"], last["prev"], "root", last["body"])
+    write_records(bundle, recs)
+    n = len(recs)
+    assert f"line {n} (seq {n - 1}): root names key sha256:" in first_problem(bundle)
+
+
+def test_a_verdict_window_that_is_no_number_is_a_problem_not_a_crash(bundle: Path) -> None:
+    recs = records(bundle)
+    for r in recs:
+        if r["kind"] == "verdict":
+            r["body"]["window_s"] = "120"
+    write_records(bundle, resign(recs, KEY))
+    assert "verdict names an unknown claim or setting" in first_problem(bundle)
+
+
+def test_a_line_nested_past_the_stack_is_one_problem(bundle: Path) -> None:
+    ls = lines(bundle)
+    bundle.write_bytes(b"".join([ls[0], b"[" * 200_000 + b"\n", *ls[1:]]))
+    assert "line 2: is not a JSON record: the file was edited or damaged" in first_problem(bundle)

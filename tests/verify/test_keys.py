@@ -38,3 +38,26 @@ def test_bad_key_name_and_damaged_key(tmp_path: Path) -> None:
         load_or_create("broken", tmp_path)
     with pytest.raises(InputError, match="public key"):
         load_public(tmp_path / "missing.pub")
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o722])
+def test_key_directory_writable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
+    """Whoever can write to the directory can put their own key under the name, and sign as the owner."""
+    d = tmp_path / "keys"
+    load_or_create("k", d)
+    os.chmod(d, mode)
+    refused = r"keys: permissions: expected a key directory writable by the owner only"
+    with pytest.raises(InputError, match=refused):
+        load_or_create("k", d)
+    with pytest.raises(InputError, match="writable by the owner only"):
+        load_or_create("new", d)  # nor is a new key written there
+    assert not (d / "new.key").exists()
+    os.chmod(d, 0o755)  # readable by others is fine: only the key file is secret
+    load_or_create("k", d)
+
+
+def test_a_dangling_link_at_the_key_name_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "k.key").symlink_to(tmp_path / "elsewhere.key")
+    with pytest.raises(InputError, match=r"k\.key: key: expected a key file, not a symbolic link"):
+        load_or_create("k", tmp_path)
+    assert not (tmp_path / "elsewhere.key").exists()

@@ -86,3 +86,27 @@ def test_merkle_root_follows_rfc6962() -> None:
 
     assert merkle_root([a]) == leaf(a)
     assert merkle_root([a, b, c]) == node(node(leaf(a), leaf(b)), leaf(c))
+
+
+def test_a_new_ledger_never_follows_a_dangling_link(tmp_path: Path) -> None:
+    """A link to nothing planted at the bundle's name used to be followed: the bundle was written wherever
+    it pointed. It is refused, for a bundle (create_only) and for a ledger alike."""
+    key = Ed25519PrivateKey.generate()
+    link, target = tmp_path / "bundle.jsonl", tmp_path / "elsewhere" / "planted.jsonl"
+    target.parent.mkdir()
+    link.symlink_to(target)
+    for create_only in (True, False):
+        with pytest.raises(InputError, match=r"bundle\.jsonl: file: expected a new file, not a symbolic"):
+            LedgerWriter(link, key, create_only=create_only)
+    assert not target.exists()
+
+
+def test_a_bundle_is_never_written_over_a_file(shared_data: Path, tmp_path: Path) -> None:
+    key = Ed25519PrivateKey.generate()
+    p = tmp_path / "b.jsonl"
+    with LedgerWriter(p, key, create_only=True) as w:
+        w.append_trace(labelled(shared_data, DUTY_SHAPING))
+    before = p.read_bytes()
+    with pytest.raises(InputError, match="bundles are never overwritten"):
+        LedgerWriter(p, key, create_only=True)  # the same key: a ledger would be continued, a bundle not
+    assert p.read_bytes() == before

@@ -71,14 +71,18 @@ def command(
     key, key_file = load_or_create(key_name)
     src = open_source(source)
     stop = threading.Event()
-    writer = LedgerWriter(
-        output,
-        key,
-        model=PhaseModel.load(),
-        meta={"command": "ledger", "source": source},
-        root_every=root_every,
-        batch_rows=batch_rows,
-    )
+    try:
+        writer = LedgerWriter(
+            output,
+            key,
+            model=PhaseModel.load(),
+            meta={"command": "ledger", "source": source},
+            root_every=root_every,
+            batch_rows=batch_rows,
+        )
+    except BaseException:  # a ledger that cannot be written (a link to nothing, another key's): release
+        src.close()
+        raise
 
     try:
         stats = Sampler(src, live_interval(src, interval)).run(

@@ -1,9 +1,12 @@
 """Offline audit of a ledger or bundle. Fails closed: any doubt is a problem, and a problem fails the audit.
 
 Two layers:
-- `check_chain`: every line parses, every hash matches its record, seq counts up by one and `prev` links
-  to the record before, every root's Merkle root and Ed25519 signature check out, every record is covered
-  by a root, and the ledger ends with its closing root (else it was truncated).
+- `check_chain`: every line is a record written exactly as the writer writes it (canonical JSON, no
+  duplicate key, no other field), every hash matches the bytes it covers, seq counts up by one and `prev`
+  links to the record before, every root's Merkle root and Ed25519 signature check out, every record is
+  covered by a root, and the ledger ends with its closing root (else it was truncated). The bytes are
+  what is checked: two files that parse alike but differ are two files, and another JSON reader may
+  read the edited one otherwise.
 - `audit_bundle`: the chain, plus: the signing key is the one the auditor pinned; the model that made the
   verdicts is the one at hand (version and digest); each device's telemetry runs forward in time; and
   re-running the check on the bundle's own telemetry gives the verdicts the bundle states.
@@ -11,9 +14,11 @@ Two layers:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +34,13 @@ from phasescope.verify.ledger import (
     FORMAT,
     GENESIS,
     KINDS,
+    RECORD_FIELDS,
+    DuplicateKey,
+    canonical,
+    hashed_part,
     merkle_root,
     model_digest,
-    record_hash,
+    parse_record,
     root_message,
 )
 
@@ -66,7 +75,7 @@ def _where(line: int, rec: dict[str, Any] | None = None) -> str:
     return f"line {line}" + (f" (seq {seq})" if isinstance(seq, int) else "")
 
 
-def _read_lines(path: Path, chain: Chain) -> list[tuple[int, Any]]:
+def _read_lines(path: Path, chain: Chain) -> list[tuple[int, bytes, Any]]:
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -75,7 +84,7 @@ def _read_lines(path: Path, chain: Chain) -> list[tuple[int, Any]]:
     if not data:
         chain.problems.append(Problem("file", "is empty: expected a phasescope ledger"))
         return []
-    out: list[tuple[int, Any]] = []
+    out: list[tuple[int, bytes, Any]] = []
     lines = data.split(b"\n")
     ends_clean = lines[-1] == b""
     if ends_clean:
@@ -85,8 +94,15 @@ def _read_lines(path: Path, chain: Chain) -> list[tuple[int, Any]]:
             chain.problems.append(Problem(f"line {i}", "ends without a line break: the file was truncated"))
             break
         try:
-            out.append((i, json.loads(raw)))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            out.append((i, raw, parse_record(raw)))
+        except DuplicateKey as exc:  # json.loads reads it (the last value wins): name its seq from that
+            chain.problems.append(
+                Problem(
+                    _where(i, json.loads(raw)),
+                    f"key {exc.key!r} appears twice in one object: the record was edited",
+                )
+            )
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past Python's stack
             if i == 1:  # not a ledger at all (a CSV, a recording): one line, not one per line of it
                 chain.problems.append(
                     Problem("line 1", "is not a JSON record: expected a phasescope ledger (JSON Lines)")
@@ -95,6 +111,8 @@ def _read_lines(path: Path, chain: Chain) -> list[tuple[int, Any]]:
             chain.problems.append(
                 Problem(f"line {i}", "is not a JSON record: the file was edited or damaged")
             )
+        except ValueError as exc:  # NaN or Infinity, which json.loads reads
+            chain.problems.append(Problem(_where(i, json.loads(raw)), f"holds {exc}: the record was edited"))
     return out
 
 
@@ -106,11 +124,12 @@ def check_chain(path: str | Path) -> Chain:
     hashes: list[bytes] = []  # by position, for Merkle roots
     seq_pos: dict[int, int] = {}
     last_root_to = -1
-    for line, rec in _read_lines(p, chain):
+    for line, raw, rec in _read_lines(p, chain):
         w = _where(line, rec)
         if not (
             isinstance(rec, dict)
             and isinstance(rec.get("seq"), int)
+            and not isinstance(rec.get("seq"), bool)
             and isinstance(rec.get("prev"), str)
             and rec.get("kind") in KINDS
             and isinstance(rec.get("body"), dict)
@@ -118,8 +137,16 @@ def check_chain(path: str | Path) -> Chain:
         ):
             chain.problems.append(Problem(w, "malformed record: expected seq, prev, kind, body and hash"))
             continue
-        seq, kind, body = rec["seq"], rec["kind"], rec["body"]
-        if _rehash(seq, rec["prev"], kind, body) != rec["hash"]:
+        seq, kind = rec["seq"], rec["kind"]
+        if tuple(sorted(rec)) != RECORD_FIELDS or raw != canonical(rec):
+            chain.problems.append(
+                Problem(
+                    w,
+                    f"{kind} record is not written as the ledger writes it (canonical JSON: sorted keys, "
+                    "no spaces, shortest numbers, no other field): it was edited",
+                )
+            )
+        elif hashlib.sha256(hashed_part(raw, rec["hash"])).hexdigest() != rec["hash"]:
             chain.problems.append(Problem(w, f"{kind} record does not match its hash: it was edited"))
         elif seq > expect_seq:
             chain.problems.append(
@@ -174,14 +201,6 @@ def check_chain(path: str | Path) -> Chain:
     return chain
 
 
-def _rehash(seq: int, prev: str, kind: str, body: Any) -> str | None:
-    """The record's hash, or None when its body holds NaN/Infinity (JSON the writer never hashes)."""
-    try:
-        return record_hash(seq, prev, kind, body)
-    except ValueError:
-        return None
-
-
 def _hash_bytes(text: str) -> bytes:
     """A record hash as a Merkle leaf; b"" for one that is not 64 hex digits (already a problem)."""
     try:
@@ -204,6 +223,16 @@ def _check_header(chain: Chain, rec: dict[str, Any], w: str) -> None:
         chain.key = parse_public(str(body.get("public_key", "")), "header.public_key")
     except PhasescopeError as exc:
         chain.problems.append(Problem(w, f"header public key unreadable ({exc})"))
+        return
+    # A stated fingerprint is read by people and tools (verify --input names it): it must be the key's.
+    if body.get("key_fingerprint") != fingerprint(chain.key):
+        chain.problems.append(
+            Problem(
+                w,
+                f"header names key fingerprint {body.get('key_fingerprint')}, but its public key's is "
+                f"{fingerprint(chain.key)}",
+            )
+        )
 
 
 def _check_root(
@@ -211,6 +240,7 @@ def _check_root(
 ) -> None:
     body = rec["body"]
     chain.roots += 1
+    assert chain.key is not None  # check_chain checks roots only once the header gave a key
     try:
         lo, hi = int(body["from"]), int(body["to"])
         sig = bytes.fromhex(str(body["signature"]))
@@ -225,7 +255,6 @@ def _check_root(
     leaves = [hashes[seq_pos[s]] for s in range(lo, hi + 1) if s in seq_pos]
     if merkle_root(leaves).hex() != body.get("merkle"):
         chain.problems.append(Problem(w, f"Merkle root does not match records seq {lo}-{hi}"))
-    assert chain.key is not None
     try:
         chain.key.verify(sig, root_message(str(chain.header.get("ledger_id")), body, str(rec["prev"])))
     except InvalidSignature:
@@ -234,21 +263,146 @@ def _check_root(
         )
     except (KeyError, TypeError, ValueError):
         chain.problems.append(Problem(w, "root record is incomplete"))
+    if body.get("key_fingerprint") != fingerprint(chain.key):  # not signed, but hashed: still stated
+        chain.problems.append(
+            Problem(
+                w,
+                f"root names key {body.get('key_fingerprint')}, but the header's key is "
+                f"{fingerprint(chain.key)}",
+            )
+        )
 
 
 # --- bundle audit ------------------------------------------------------------------------------------
 
 
+WALL_CLOCK_FROM = 1e9  # Unix seconds (2001-09-09): smaller sample times are a log's own clock (uptime)
+SEVERITY = ("inconsistent", "unverifiable", "consistent")  # a device's verdict: its worst window's
+
+
 @dataclass
 class AuditReport:
+    """What the audit found, and what an OK means: who signed, when, which claim, which span."""
+
     path: Path
     problems: list[Problem]
     notes: list[str]  # what was checked, for the human summary
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # the stated verdicts that were re-run
+    key_fingerprint: str | None = None  # the key that signed (the header's, checked against the roots)
+    key_pinned: bool = False  # the auditor named it (--pubkey), rather than trusting the bundle's
+    created: float | None = None  # when the header was written (the signer's clock)
+    claims: list[str] = field(default_factory=list)  # "no-training, 120 s windows"
+    spans: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # device -> first, last, n
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Per device: its telemetry span and samples, and per claim its verdict (the worst of its
+        windows') with the count of windows by verdict."""
+        out = []
+        for uid, (start, end, n) in sorted(self.spans.items()):
+            per_claim: dict[str, dict[str, int]] = {}
+            for v in self.verdicts:
+                if v.get("device") == uid:
+                    counts = per_claim.setdefault(str(v.get("claim")), {})
+                    counts[str(v.get("verdict"))] = counts.get(str(v.get("verdict")), 0) + 1
+            verdicts = [
+                {"claim": c, "verdict": next((k for k in SEVERITY if k in w), None), "windows": w}
+                for c, w in per_claim.items()
+            ]
+            out.append({"device": uid, "start": start, "end": end, "samples": n, "verdicts": verdicts})
+        return out
+
+
+def _pin_key(report: AuditReport, chain: Chain, pubkey: Ed25519PublicKey | None, trust: bool) -> None:
+    """The header's key must be the one the auditor pinned; unpinned is doubt unless trusted explicitly."""
+    assert chain.key is not None
+    signer = fingerprint(chain.key)
+    report.key_fingerprint, report.key_pinned = signer, pubkey is not None
+    if pubkey is not None:
+        if fingerprint(pubkey) != signer:
+            report.problems.append(
+                Problem(
+                    "header",
+                    f"signed with key {signer}, but the pinned key is {fingerprint(pubkey)}: "
+                    "the key was swapped",
+                )
+            )
+    elif not trust:
+        report.problems.append(
+            Problem(
+                "header",
+                f"signing key {signer} is not pinned: pass --pubkey with the signer's public key "
+                "(or --trust-bundle-key)",
+            )
+        )
+
+
+def _require_fresh(report: AuditReport, not_before: float) -> None:
+    """Every device's telemetry must reach `not_before` (wall-clock Unix seconds): a genuine but older
+    bundle is not evidence for a later time."""
+    if not report.spans:
+        report.problems.append(Problem("file", "holds no telemetry: nothing to show it is recent"))
+    for uid, (_, end, _) in sorted(report.spans.items()):
+        if end < WALL_CLOCK_FROM:
+            report.problems.append(
+                Problem(
+                    f"device {uid}",
+                    f"sample times (up to t={end:.3f}) are the log's own clock, not dated: "
+                    "--not-before cannot be shown",
+                )
+            )
+        elif end < not_before:
+            report.problems.append(
+                Problem(
+                    f"device {uid}",
+                    f"telemetry ends at {utc(end)}, before --not-before {utc(not_before)}: "
+                    "the bundle is older than required",
+                )
+            )
+
+
+def utc(t: float) -> str:
+    """ISO 8601 UTC to the second for wall-clock times; a log's own clock stays a number."""
+    if not (WALL_CLOCK_FROM <= t < 253402300800):  # year 10000: beyond, datetime cannot say it
+        return f"t={t:.3f}"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read_header(report: AuditReport, chain: Chain) -> None:
+    created = chain.header.get("created")
+    if isinstance(created, (int, float)) and not isinstance(created, bool):
+        report.created = float(created)
+
+
+def audit_chain(
+    path: str | Path,
+    pubkey: Ed25519PublicKey | None = None,
+    trust_bundle_key: bool = False,
+    not_before: float | None = None,
+) -> AuditReport:
+    """A ledger without verdicts (`audit --chain-only`): the chain, the key and the telemetry's order."""
+    chain = check_chain(path)
+    report = AuditReport(Path(path), list(chain.problems), [])
+    if not chain.header or chain.key is None:
+        return report
+    _read_header(report, chain)
+    _pin_key(report, chain, pubkey, trust_bundle_key)
+    report.notes.append(f"chain: {len(chain.records)} records, {chain.roots} signed roots")
+    _spans(report, _traces(chain, report.problems))
+    if not_before is not None:
+        _require_fresh(report, not_before)
+    return report
+
+
+def _spans(report: AuditReport, traces: dict[str, Trace]) -> None:
+    report.spans = {
+        uid: (float(t.time[0]), float(t.time[-1]), len(t)) for uid, t in traces.items() if len(t)
+    }
+    n = sum(s[2] for s in report.spans.values())
+    report.notes.append(f"telemetry: {len(traces)} device(s), {n} samples")
 
 
 def _traces(chain: Chain, problems: list[Problem]) -> dict[str, Trace]:
@@ -335,8 +489,10 @@ def audit_bundle(
     pubkey: Ed25519PublicKey | None = None,
     model: Any = None,
     trust_bundle_key: bool = False,
+    not_before: float | None = None,
 ) -> AuditReport:
-    """Everything `check_chain` checks, plus key pinning, the model, the telemetry and the verdicts."""
+    """Everything `check_chain` checks, plus key pinning, the model, the telemetry and the verdicts;
+    with `not_before` (Unix seconds), also that every device's telemetry reaches that time."""
     from phasescope.classify.model import PhaseModel
     from phasescope.verify.check import CheckParams, check_trace
     from phasescope.verify.claims import parse_claim
@@ -347,26 +503,9 @@ def audit_bundle(
     report = AuditReport(Path(path), problems, notes)
     if not chain.header or chain.key is None:
         return report
-    notes.append(
-        f"chain: {len(chain.records)} records, {chain.roots} signed roots, key {fingerprint(chain.key)}"
-    )
-    if pubkey is not None:
-        if fingerprint(pubkey) != fingerprint(chain.key):
-            problems.append(
-                Problem(
-                    "header",
-                    f"signed with key {fingerprint(chain.key)}, but the pinned key "
-                    f"is {fingerprint(pubkey)}: the key was swapped",
-                )
-            )
-    elif not trust_bundle_key:
-        problems.append(
-            Problem(
-                "header",
-                f"signing key {fingerprint(chain.key)} is not pinned: pass --pubkey "
-                "with the signer's public key (or --trust-bundle-key)",
-            )
-        )
+    _read_header(report, chain)
+    _pin_key(report, chain, pubkey, trust_bundle_key)
+    notes.append(f"chain: {len(chain.records)} records, {chain.roots} signed roots")
     hm = chain.header.get("model") or {}
     m = model or PhaseModel.load()
     if hm.get("version") != m.version or hm.get("digest") != model_digest(m):
@@ -379,7 +518,7 @@ def audit_bundle(
         )
         return report
     traces = _traces(chain, problems)
-    notes.append(f"telemetry: {len(traces)} device(s), {sum(len(t) for t in traces.values())} samples")
+    _spans(report, traces)
     verdict_recs = [r for r in chain.records if r["kind"] == "verdict"]
     if not verdict_recs:
         problems.append(Problem("file", "holds no verdict records: a ledger, not a verify bundle"))
@@ -393,15 +532,25 @@ def audit_bundle(
         groups.setdefault(key, []).append(r)
     for recs in groups.values():
         b0 = recs[0]["body"]
+        window_s = b0.get("window_s")
         try:
             claim = parse_claim(str(b0.get("claim")))
             params = CheckParams(**(b0.get("params") or {}))
+            if window_s is not None and not (
+                isinstance(window_s, (int, float))
+                and not isinstance(window_s, bool)
+                and math.isfinite(window_s)
+                and window_s > 0
+            ):
+                raise TypeError("window_s")
         except (PhasescopeError, TypeError):
             problems.append(
                 Problem(_where(recs[0]["_line"], recs[0]), "verdict names an unknown claim or setting")
             )
             continue
-        window_s = b0.get("window_s")
+        report.claims.append(
+            f"{claim.text}, " + ("one window per device" if window_s is None else f"{window_s:g} s windows")
+        )
         seen_devices = set()
         by_dev: dict[str, list[dict[str, Any]]] = {}
         for r in recs:
@@ -449,6 +598,8 @@ def audit_bundle(
         if not problems
         else f"verdicts: {len(verdict_recs)} checked"
     )
+    if not_before is not None:
+        _require_fresh(report, not_before)
     return report
 
 

@@ -2,7 +2,9 @@
 
 A key lives in `$PHASESCOPE_HOME/keys/NAME.key` (else `$XDG_DATA_HOME/phasescope/keys`, ~/.local/share)
 as unencrypted PKCS#8 PEM, with its public half beside it in `NAME.pub`. A key file readable by group or
-others is refused rather than used: a signature is only worth the secrecy of its key.
+others is refused rather than used: a signature is only worth the secrecy of its key. So is a key
+directory writable by group or others: whoever can write there can put their own key (or a link) under
+the key's name, and the bundles would be signed with it.
 """
 
 from __future__ import annotations
@@ -39,8 +41,13 @@ def key_path(name: str, directory: Path | None = None) -> Path:
 def load_or_create(name: str = DEFAULT_KEY, directory: Path | None = None) -> tuple[Ed25519PrivateKey, Path]:
     """The named private key, generated (0600) when it does not exist yet."""
     path = key_path(name, directory)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = path.parent.stat().st_mode & 0o777
+    if mode & 0o022:
+        raise InputError(
+            path.parent, "permissions", "a key directory writable by the owner only (0700)", oct(mode)
+        )
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = Ed25519PrivateKey.generate()
         pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -49,6 +56,10 @@ def load_or_create(name: str = DEFAULT_KEY, directory: Path | None = None) -> tu
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
+            if not path.exists():  # a link to nothing: O_EXCL refuses to follow it, and so do we
+                raise InputError(
+                    path, "key", "a key file, not a symbolic link", f"a dangling link to {os.readlink(path)}"
+                ) from None
             return load_or_create(name, directory)
         with os.fdopen(fd, "wb") as f:
             f.write(pem)

@@ -3,7 +3,9 @@
 Every line is one record `{"seq", "prev", "kind", "body", "hash"}`:
 - `hash` = SHA-256 of the canonical JSON of `{"seq", "prev", "kind", "body"}` (keys sorted, no spaces,
   no NaN: missing values are null); `prev` is the previous record's hash (64 zeros for the first), so an
-  edited, deleted, duplicated or reordered record breaks the chain at a named line.
+  edited, deleted, duplicated or reordered record breaks the chain at a named line. A line is exactly the
+  canonical JSON of its record (`canonical`), so the hash covers the bytes as written: the audit refuses
+  a line that parses to the same record but is spelled otherwise (`parse_record`, `hashed_part`).
 - `kind` is `header` (first record: format, ledger id, public key, model version and digest),
   `batch` (telemetry of one device: time and signal columns in schema base units), `verdict` (one
   `check.WindowVerdict` with the claim and settings that produced it) or `root`.
@@ -18,9 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Sequence
@@ -30,7 +30,9 @@ from typing import IO, Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from phasescope.classify.decide import finite_or_none
 from phasescope.errors import InputError
+from phasescope.identity import host_name
 from phasescope.schema import SIGNAL_NAMES, TickBatch, Trace
 from phasescope.store.recording import device_to_json
 from phasescope.verify.keys import fingerprint, public_pem
@@ -52,6 +54,56 @@ def canonical(obj: Any) -> bytes:
 
 def record_hash(seq: int, prev: str, kind: str, body: Any) -> str:
     return hashlib.sha256(canonical({"seq": seq, "prev": prev, "kind": kind, "body": body})).hexdigest()
+
+
+RECORD_FIELDS = ("body", "hash", "kind", "prev", "seq")  # every field of a record line, no other
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: readers disagree on which value counts (json keeps the last)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} (the ledger writes a missing value as null)")
+
+
+def parse_record(line: bytes) -> Any:
+    """One record line, parsed strictly: a duplicate key raises DuplicateKey, NaN/Infinity ValueError."""
+    return json.loads(line, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
+def hashed_part(line: bytes, h: str) -> bytes:
+    """What a record's hash covers, cut from the line as written: the canonical line less its
+    `"hash":"…",` field (keys are sorted, so it follows the body: the last occurrence is the record's own;
+    a quote inside a JSON string is escaped, so the field cannot be faked inside one)."""
+    field = b'"hash":"' + h.encode("ascii", errors="replace") + b'",'
+    i = line.rfind(b"," + field)
+    return line if i < 0 else line[: i + 1] + line[i + 1 + len(field) :]
+
+
+def require_new(path: str | Path, option: str = "file") -> None:
+    """Refuse a path where anything exists, a symbolic link to nothing included: a bundle is never written
+    over a file, nor wherever a link planted at its name points."""
+    p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise InputError(
+            p, option, "a new file, not a symbolic link", f"a dangling symbolic link to {os.readlink(p)}"
+        )
+    if os.path.lexists(p):
+        raise InputError(p, option, "a new file (bundles are never overwritten)", "exists")
 
 
 def merkle_root(leaves: Sequence[bytes]) -> bytes:
@@ -78,7 +130,7 @@ def model_digest(model: Any) -> str:
 
 
 def _col(values: np.ndarray) -> list[float | None]:
-    return [v if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
+    return [finite_or_none(v) for v in np.asarray(values, dtype=np.float64).tolist()]
 
 
 def trace_body(trace: Trace, lo: int = 0, hi: int | None = None) -> dict[str, Any]:
@@ -107,7 +159,10 @@ class LedgerWriter:
         meta: dict[str, Any] | None = None,
         root_every: int = DEFAULT_ROOT_EVERY,
         batch_rows: int = DEFAULT_BATCH_ROWS,
+        create_only: bool = False,
     ) -> None:
+        """`create_only`: write a new file (a bundle), never continue one; otherwise an existing ledger
+        is continued. A name that is a symbolic link to nothing is refused either way."""
         self.path = Path(path)
         self.key = key
         self.root_every = max(1, root_every)
@@ -116,11 +171,20 @@ class LedgerWriter:
         self._from = 0
         self._ticks: dict[str, list[tuple[float, np.ndarray]]] = {}
         self._devices: dict[str, Any] = {}
-        if self.path.exists() and self.path.stat().st_size > 0:
+        if create_only:
+            require_new(self.path)
+        elif self.path.exists() and self.path.stat().st_size > 0:
             self._resume()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        # O_EXCL for a new file: it fails on a link (dangling or not) and on a file made since the check.
+        exclusive = os.O_EXCL if create_only or not self.path.exists() else 0
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | exclusive, 0o666)
+        except FileExistsError:
+            require_new(self.path)
+            raise
+        self._f: IO[bytes] = os.fdopen(fd, "ab")  # closed in close()
         self.seq = 0
         self.prev = GENESIS
         self.ledger_id = uuid.uuid4().hex
@@ -130,7 +194,7 @@ class LedgerWriter:
             "format_version": FORMAT_VERSION,
             "ledger_id": self.ledger_id,
             "created": time.time(),
-            "host": socket.gethostname(),
+            "host": host_name(),
             "public_key": public_pem(pub),
             "key_fingerprint": fingerprint(pub),
             "model": None if model is None else {"version": model.version, "digest": model_digest(model)},
