@@ -91,7 +91,7 @@ def policy(call: str, exc: BaseException) -> str:
     if code in ps_nvml._LOST_FAILURES:
         return "marks the GPU lost"
     if code == ps_nvml._UNKNOWN:
-        return "counted; Unknown from every call of a tick marks the GPU lost"
+        return "counted; Unknown from every call of a tick is an outage: retried, lost after 120 s"
     return "counted, NaN this tick, retried next tick"
 
 

@@ -211,6 +211,9 @@ def load(path: str | Path | None = None) -> Config:
         if required:
             raise InputError(p, "file", "an existing TOML config file", "no such file")
         return Config()
+    from phasescope.sources.replay import check_file
+
+    check_file(p)  # a FIFO or device would block the read forever
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -6,7 +6,8 @@ tick by tick, in NVML's native units and real pynvml structs: percent, bytes, mW
 counters. What it can script:
 
 - NVMLError on chosen calls (per call, per device, from tick N, until tick M): `fail()`;
-- a GPU that falls off the bus from tick N (GpuIsLost, or Unknown on every call): `lose()`;
+- a GPU that falls off the bus from tick N (GpuIsLost, or Unknown on every call), for good or until tick M
+  (an outage it recovers from): `lose()`;
 - a missing library / unloaded driver: `FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)`;
 - MIG: a parent with N MIG children, each replaying its own trace: `FakeNvml(mig={0: [trace, trace]})`;
 - NotSupported for any signal the trace lacks (the device "does not have" it), NoData for one NaN sample;
@@ -142,6 +143,7 @@ class FakeGpu:
     throttle_reasons: int | None = None
     lost_from: int | None = None
     lost_code: int = pynvml.NVML_ERROR_GPU_IS_LOST
+    lost_until: int | None = None  # the first tick it answers again; None: never
     cols: dict[str, list[float]] = field(default_factory=dict)  # present signals, base units, as lists
     times: list[float] = field(default_factory=list)
     energy_mj: list[float] | None = None
@@ -246,10 +248,17 @@ class FakeNvml:
         """Make `call` raise NVMLError(code) on `device` (index or UUID; None = all) for ticks in range."""
         self.rules.append(_Rule(call, code, device, from_tick, until_tick))
 
-    def lose(self, device: int, from_tick: int = 0, code: int = pynvml.NVML_ERROR_GPU_IS_LOST) -> None:
-        """From `from_tick`, every call on this GPU (and its MIG instances) raises `code`."""
+    def lose(self, device: int, from_tick: int = 0, code: int = pynvml.NVML_ERROR_GPU_IS_LOST,
+             until_tick: int | None = None) -> None:
+        """From `from_tick` (until `until_tick`, if given), every call on this GPU (and its MIG instances)
+        raises `code`."""
         self.gpus[device].lost_from = from_tick
         self.gpus[device].lost_code = code
+        self.gpus[device].lost_until = until_tick
+
+    def _is_lost(self, gpu: FakeGpu) -> bool:
+        return gpu.lost_from is not None and self.tick >= gpu.lost_from and (
+            gpu.lost_until is None or self.tick < gpu.lost_until)
 
     def set_health(self, device: int, **counters: Any) -> None:
         """Set a GPU's health counters (FakeHealth fields; None = NotSupported) from now on."""
@@ -309,7 +318,7 @@ class FakeNvml:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = handle.gpu
         phys = gpu.parent or gpu
-        if phys.lost_from is not None and self.tick >= phys.lost_from:
+        if self._is_lost(phys):
             raise nvml_error(phys.lost_code)
         for rule in self.rules:
             if rule.call == call and self.tick >= rule.from_tick and (
@@ -358,7 +367,7 @@ class FakeNvml:
         if not 0 <= index < len(self.gpus):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[index]
-        if gpu.lost_from is not None and self.tick >= gpu.lost_from:
+        if self._is_lost(gpu):
             raise nvml_error(gpu.lost_code)
         return _Handle(gpu)
 

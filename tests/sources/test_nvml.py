@@ -10,6 +10,7 @@ import pytest
 
 from phasescope.errors import SourceError
 from phasescope.schema import MIB, PAPER_SIGNALS, SIGNAL_COLUMN
+from phasescope.sources import nvml as nvml_mod
 from phasescope.sources.host import HostSource
 from phasescope.sources.nvml import NvmlSource, nvml_available, open_nvml_or_none
 from tests.fakes.fake_nvml import FakeProcess
@@ -90,11 +91,10 @@ def test_injected_error_gives_nan_and_a_count_then_recovers(fake_nvml, sg_traces
     np.testing.assert_array_equal(got[:, 0, _col("pcie_tx")], sg_traces[0]["pcie_tx"][:10])
 
 
-@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN])
-def test_lost_gpu_is_reported_once_and_the_others_keep_going(fake_nvml, sg_traces, spar_trace, code):
+def test_lost_gpu_is_reported_once_and_the_others_keep_going(fake_nvml, sg_traces, spar_trace):
     traces = [*sg_traces, spar_trace]
     fake = fake_nvml(traces, mem_total_bytes=RTX3090_MEM)
-    fake.lose(1, from_tick=4, code=code)
+    fake.lose(1, from_tick=4, code=pynvml.NVML_ERROR_GPU_IS_LOST)
     src = NvmlSource()
     events: list[str] = []
     rows = []
@@ -116,6 +116,105 @@ def test_lost_gpu_is_reported_once_and_the_others_keep_going(fake_nvml, sg_trace
     before = fake.calls.total()
     src.read()
     assert fake.calls.total() - before < 40  # two live GPUs' worth only
+
+
+class _Clock:
+    """The source's monotonic clock, one second per tick: an outage's minutes pass in no time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ticks(src: NvmlSource, fake, clock: _Clock, n: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """(values per tick, (tick, event) pairs) over n ticks, one second apart."""
+    rows, events = [], []
+    for k in range(n):
+        batch = src.read()
+        rows.append(batch.values)
+        events.extend((k, e) for e in batch.events)
+        fake.advance()
+        clock.now += 1.0
+    return np.stack(rows), events
+
+
+@pytest.mark.parametrize("until", [5, 12])
+def test_unknown_outage_is_retried_with_backoff_and_the_gpu_comes_back(fake_nvml, sg_traces, until):
+    """Issue 21 item 7: Unknown on every call for one tick (or eight) used to lose the GPU for good. It is an
+    outage: NaN while it lasts, retried after 1, 2, 4, 8 s, and read again once NVML answers."""
+    fake = fake_nvml(sg_traces, mem_total_bytes=RTX3090_MEM)
+    fake.lose(1, from_tick=4, code=pynvml.NVML_ERROR_UNKNOWN, until_tick=until)
+    clock = _Clock()
+    src = NvmlSource(clock=clock)
+    got, events = _ticks(src, fake, clock, 25)
+    # Tried at tick 4 (down), then 5, 7, 11, 19: back at the first retry on or after `until`.
+    back = next(k for k in (5, 7, 11, 19) if k >= until)
+    assert np.isnan(got[4:back, 1, :]).all()
+    for signal in ("power", "gpu_util", "temperature"):
+        want = sg_traces[1][signal]
+        np.testing.assert_array_equal(got[back:, 1, _col(signal)], want[back:25], err_msg=signal)
+        np.testing.assert_array_equal(got[:4, 1, _col(signal)], sg_traces[1][signal][:4], err_msg=signal)
+    np.testing.assert_array_equal(got[:, 0, _col("power")], sg_traces[0]["power"][:25])  # the other GPU
+    uuid = sg_traces[1].device.uuid
+    said = [(k, e.split(":")[0]) for k, e in events]
+    assert said == [(4, "GPU not answering"), (back, "GPU answering again")]
+    assert all(uuid in e and "\n" not in e for _, e in events)
+    assert "given up as lost after 120 s" in events[0][1]
+    assert f"after {back - 4} s of Unknown Error" in events[1][1]
+    assert not any("lost:" in e for _, e in events)
+    # Counted per call, as every failure: each failed try (ticks 4, 5, 7, 11 before `back`) once.
+    tries = sum(1 for k in (4, 5, 7, 11) if k < back)
+    assert src.error_counts()["nvmlDeviceGetPowerUsage"] == tries
+
+
+def test_a_sustained_unknown_outage_is_given_up_after_two_minutes_and_said(fake_nvml, sg_traces):
+    fake = fake_nvml(sg_traces, mem_total_bytes=RTX3090_MEM)
+    fake.lose(0, from_tick=2, code=pynvml.NVML_ERROR_UNKNOWN)
+    clock = _Clock()
+    src = NvmlSource(clock=clock)
+    got, events = _ticks(src, fake, clock, 140)
+    # Tried at 2, 3, 5, 9, 17, 33 (then every 30 s): 63, 93, 123; 121 s down at 123, past OUTAGE_GIVE_UP_S.
+    assert nvml_mod.OUTAGE_GIVE_UP_S == 120.0
+    assert [k for k, _ in events] == [2, 123]
+    assert events[0][1].startswith("GPU not answering:")
+    lost = events[1][1]
+    assert lost.startswith("GPU lost:") and "for 121 s" in lost and "given up after 120 s" in lost
+    assert np.isnan(got[2:, 0, :]).all()
+    np.testing.assert_array_equal(got[:, 1, _col("power")], sg_traces[1]["power"][:140])
+    # Nine tries of the GPU in 121 s, not one per tick; none after it was given up.
+    assert src.error_counts()["nvmlDeviceGetPowerUsage"] == 9
+    before = fake.calls["nvmlDeviceGetPowerUsage"]
+    src.read()
+    assert fake.calls["nvmlDeviceGetPowerUsage"] - before == 1  # the live GPU only
+
+
+def test_an_impossible_live_reading_is_nan_counted_and_said_once(fake_nvml, sg_traces):
+    """Issue 21 item 5, live: NVML's 0xFFFFFFFF mW sentinel (4.3 MW) and 150 % utilisation are no readings."""
+    power = sg_traces[0]["power"].copy()
+    util = sg_traces[0]["gpu_util"].copy()
+    power[[3, 7]] = 0xFFFFFFFF / 1000.0
+    util[5] = 1.5
+    bad = sg_traces[0].with_columns(power=power, gpu_util=util)
+    fake = fake_nvml([bad, sg_traces[1]], mem_total_bytes=RTX3090_MEM)
+    src = NvmlSource()
+    events: list[str] = []
+    rows = []
+    for _ in range(10):
+        batch = src.read()
+        rows.append(batch.values)
+        events.extend(batch.events)
+        fake.advance()
+    got = np.stack(rows)
+    assert np.isnan(got[[3, 7], 0, _col("power")]).all() and np.isnan(got[5, 0, _col("gpu_util")])
+    keep = [k for k in range(10) if k not in (3, 7)]
+    np.testing.assert_array_equal(got[keep, 0, _col("power")], power[keep])
+    assert got[5, 0, _col("mem_util")] == sg_traces[0]["mem_util"][5]  # only the impossible value goes
+    assert src.error_counts()["impossible power"] == 2 and src.error_counts()["impossible gpu_util"] == 1
+    assert len(events) == 2 and all(sg_traces[0].device.uuid in e for e in events)
+    assert "power = 4.29497e+06 watts, outside 0..5000" in events[0] and "gpu_util = 1.5" in events[1]
+    np.testing.assert_array_equal(got[:, 1, _col("power")], sg_traces[1]["power"][:10])
 
 
 def test_gpu_lost_before_start_is_skipped_with_one_event(fake_nvml, sg_traces):
@@ -239,3 +338,21 @@ def test_process_utilisation_not_supported_is_nan(fake_nvml, sg_traces):
         fake.advance()
         assert proc.gpu_mem_used == 2**20 and math.isnan(proc.sm_util)
     assert src.error_counts()["nvmlDeviceGetProcessUtilization"] == 1
+
+
+def test_devices_are_named_by_the_node_not_the_pods_hostname(fake_nvml, sg_traces, monkeypatch):
+    """In a DaemonSet the hostname is the pod's (new on every rollout): NODE_NAME names the GPUs' host, and
+    the host source and the hooks' CPU device agree with it (phasescope.identity)."""
+    from phasescope.instrument.events import device_for_host
+    from phasescope.sources.host import HostSource
+
+    monkeypatch.delenv("PHASESCOPE_HOST", raising=False)
+    monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    fake_nvml(sg_traces, mem_total_bytes=RTX3090_MEM)
+    src = NvmlSource()
+    assert {d.host for d in src.devices()} == {"gpu-node-17"}
+    src.close()
+    host = HostSource(find_torch=False)
+    (dev,) = host.devices()
+    assert dev.uuid == "host:gpu-node-17" == device_for_host()
+    host.close()

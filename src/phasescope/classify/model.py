@@ -9,7 +9,11 @@ log with only power, utilisation and memory gets a model fitted on exactly those
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import math
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -21,10 +25,14 @@ import numpy as np
 from phasescope.classify.decide import finite_or_none
 from phasescope.errors import InputError
 from phasescope.features import FEATURE_NAMES, WindowConfig, WindowFeatures, sample_interval, window_features
-from phasescope.schema import PAPER_SIGNALS, PHASES, FloatArray, Trace
+from phasescope.schema import PAPER_SIGNALS, PHASES, SIGNAL_NAMES, FloatArray, Trace
 
 MODEL_FORMAT = "phasescope-phase-model"
 SHIPPED_MODEL = "phase_model.json"
+# Set to 1 to load a model whose boosters do not match the sha256 stored with them (edited by hand, or
+# saved before digests were stored). Its structure is checked all the same.
+TRUST_MODEL_ENV = "PHASESCOPE_TRUST_MODEL"
+BOOSTER_VERSIONS = ("v3", "v4")  # LightGBM text-format versions this parser has been checked against
 
 
 @dataclass
@@ -93,6 +101,8 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], n_features: int) -> Calibration:
+        if not isinstance(d["low"], list) or not isinstance(d["high"], list):
+            raise ValueError("calibration low and high are not lists")
         low = tuple(_num_or_nan(v) for v in d["low"])
         high = tuple(_num_or_nan(v) for v in d["high"])
         temperature = float(d["temperature"])
@@ -109,6 +119,8 @@ class Calibration:
 
 
 def _num_or_nan(v: Any) -> float:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise ValueError(f"calibration range {v!r} is not a number or null")
     return float("nan") if v is None else float(v)
 
 
@@ -299,6 +311,253 @@ def _booster_from_text(text: str) -> Any:
     return lgb.Booster(model_str=text)
 
 
+# (sha256, features) of the boosters check_booster passed: loading the same model again skips the walk.
+_CHECKED_BOOSTERS: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def booster_digest(text: str) -> str:
+    """The sha256 stored beside each booster in a model file."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# Each window / unknown_rules field: its type, and the range of values that make sense.
+_Field = tuple[type, Any]
+_WINDOW_FIELDS: dict[str, _Field] = {
+    "window_s": (float, lambda v: v > 0),
+    "stride_s": (float, lambda v: v > 0),
+    "min_samples": (int, lambda v: v >= 1),
+    "min_coverage": (float, lambda v: 0 < v <= 1),
+    "adapt_to_rate": (bool, None),
+    "plateau_cap_s": (float, lambda v: v > 0),
+    "min_grid_s": (float, lambda v: v >= 0),
+}
+_RULE_FIELDS: dict[str, _Field] = {
+    "min_proba": (float, lambda v: 0 <= v <= 1),
+    "max_interval_s": (float, lambda v: v > 0),
+    "min_interval_s": (float, lambda v: v > 0),
+    "min_signals": (int, lambda v: 1 <= v <= len(PAPER_SIGNALS)),
+}
+_RANGE_WORDS = {
+    "window_s": "> 0", "stride_s": "> 0", "min_samples": ">= 1", "min_coverage": "in (0, 1]",
+    "plateau_cap_s": "> 0", "min_grid_s": ">= 0", "min_proba": "in [0, 1]", "max_interval_s": "> 0",
+    "min_interval_s": "> 0", "min_signals": f"in 1..{len(PAPER_SIGNALS)}",
+}
+
+
+def _checked(where: str, section: str, obj: Any, fields: dict[str, _Field]) -> dict[str, Any]:
+    """`obj` as keyword arguments, each field of the right type (an int is a float; a bool is neither)
+    and range; InputError naming the field otherwise."""
+    if not isinstance(obj, dict):
+        raise InputError(where, section, "an object", obj)
+    for key, value in obj.items():
+        if key not in fields:
+            raise InputError(where, f"{section}.{key}", f"one of {sorted(fields)}", key)
+        typ, ok = fields[key]
+        if typ is bool:
+            good = isinstance(value, bool)
+        elif typ is int:
+            good = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            good = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not good or (ok is not None and not ok(value)):
+            words = "true or false" if typ is bool else f"a finite {typ.__name__} {_RANGE_WORDS[key]}"
+            raise InputError(where, f"{section}.{key}", words, value)
+    return dict(obj)
+
+
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# Every array LightGBM's tree parser reads: (name, length relative to num_leaves, whole numbers). It
+# aborts the process (a check inside a parallel loop) on a wrong count. LightGBM writes every line in
+# every tree, empty ones included (a single-leaf tree has no splits).
+_TREE_ARRAYS = (
+    ("split_feature", -1, True),
+    ("split_gain", -1, False),
+    ("threshold", -1, False),
+    ("decision_type", -1, True),
+    ("left_child", -1, True),
+    ("right_child", -1, True),
+    ("leaf_value", 0, False),
+    ("leaf_weight", 0, False),
+    ("leaf_count", 0, True),
+    ("internal_value", -1, False),
+    ("internal_weight", -1, False),
+    ("internal_count", -1, True),
+    ("shrinkage", None, False),  # one number per tree
+)
+
+
+_INT = r"-?\d+"
+_FLOAT = r"-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)"
+
+
+def check_booster(text: str, features: tuple[str, ...], where: str, sub: str) -> None:
+    """Refuse, as an InputError, a LightGBM text booster that is not exactly the structure LightGBM's
+    parser trusts it to be. The parser reads trees at the byte offsets `tree_sizes` gives and follows
+    child indices unchecked, so a cut or edited booster crashes the process (SIGSEGV, heap corruption)
+    instead of raising: nothing reaches it unchecked."""
+    what = f"submodel {sub} booster"
+
+    def bad(part: str, expected: str, got: object) -> InputError:
+        return InputError(where, f"{what}: {part}", expected, got)
+
+    if not text.isascii():  # tree_sizes count bytes, the checks below count characters
+        raise bad("text", "ASCII only", next(c for c in text if not c.isascii()))
+    start = text.find("\nTree=") + 1
+    end = text.find("\nend of trees\n") + 1
+    if start <= 0 or end <= start:
+        raise bad("trees", "a LightGBM text model with 'Tree=' blocks and 'end of trees'",
+                  "no 'Tree=' block" if start <= 0 else "no 'end of trees' after them (cut short?)")
+    # LightGBM raises on a header line that is not one key=value, after logging it on stderr: refused here,
+    # in one line, instead.
+    head: dict[str, str] = {}
+    for line in text[:start].split("\n")[1:]:
+        if line and not re.fullmatch(r"[a-z_]+=[^=]*", line):
+            raise bad("header", "'key=value' lines", line[:40])
+        key, _, value = line.partition("=")
+        head[key] = value
+    if not re.fullmatch(r"\d+", head.get("label_index", "")):
+        raise bad("label_index", "a whole number", head.get("label_index"))
+    info = r"none|\[[-+0-9.eEinfa]+:[-+0-9.eEinfa]+\]|-?\d+(?::-?\d+)*"
+    infos = head.get("feature_infos", "")
+    if not re.fullmatch(rf"(?:{info})(?: (?:{info}))*", infos):
+        raise bad("feature_infos", "one '[min:max]' (or 'none') per feature", infos[:40])
+    n_class = len(PHASES)
+    for key, want in (
+        ("num_class", str(n_class)),
+        ("num_tree_per_iteration", str(n_class)),
+        ("max_feature_idx", str(len(features) - 1)),
+        ("feature_names", " ".join(features)),
+    ):
+        if head.get(key) != want:
+            raise bad(key, repr(want) if key != "feature_names" else "the submodel's features, in order",
+                      head.get(key))
+    if head.get("version") not in BOOSTER_VERSIONS:
+        raise bad("version", f"one of {list(BOOSTER_VERSIONS)}", head.get("version"))
+    objective = head.get("objective", "").split()
+    if objective[:1] not in (["multiclass"], ["multiclassova"]) or f"num_class:{n_class}" not in objective:
+        raise bad("objective", f"multiclass with num_class:{n_class}", head.get("objective"))
+    if len(head.get("feature_infos", "").split()) != len(features):
+        raise bad("feature_infos", f"{len(features)} entries", len(head.get("feature_infos", "").split()))
+    if not re.fullmatch(r"\d+( \d+)*", head.get("tree_sizes", "")):  # int() would take "9_8" or "+9"
+        raise bad("tree_sizes", "whole numbers separated by single spaces", head.get("tree_sizes", "")[:40])
+    sizes = [int(v) for v in head["tree_sizes"].split()]
+    if not sizes or len(sizes) % n_class or min(sizes) <= 0 or sum(sizes) != end - start:
+        raise bad("tree_sizes", f"a multiple of {n_class} sizes adding up to the trees' {end - start} bytes",
+                  f"{len(sizes)} sizes adding up to {sum(sizes)}")
+    starts = np.concatenate([[0], np.cumsum(sizes)]) + start
+    headers = [m.start() for m in re.finditer(r"^Tree=(\d+)$", text[start:end], re.M)]
+    if headers != (starts[:-1] - start).tolist() or any(
+        not text.startswith(f"Tree={i}\n", int(at)) for i, at in enumerate(starts[:-1])
+    ):
+        raise bad("Tree= blocks", f"{len(sizes)} blocks Tree=0..{len(sizes) - 1} where tree_sizes puts them",
+                  f"{len(headers)} blocks")
+    _check_trees(text, starts, len(features), bad)
+    # LightGBM keeps the parameters section and splits each line at ':' when asked for it (Booster()
+    # does): a line not of that shape crashes it (SIGSEGV).
+    params_at, params_end = text.find("\nparameters:\n", end), text.find("\nend of parameters\n", end)
+    if params_at >= 0:
+        if params_end < params_at:
+            raise bad("parameters", "a section closed by 'end of parameters'", "none")
+        for line in text[params_at + len("\nparameters:\n") : params_end].split("\n"):
+            if line and not re.fullmatch(r"\[\w+: [^\n]*\]", line):
+                raise bad("parameters", "lines like '[name: value]'", line[:40])
+
+
+def _tree_fields(region: str, n_trees: int, bad: Any) -> dict[str, list[str]]:
+    """Per key this checker reads, its value in each tree: exactly one line per tree. `region` holds
+    exactly the `n_trees` Tree= blocks (checked by the caller)."""
+    keys = ("num_leaves", "num_cat", "is_linear", *(k for k, _, _ in _TREE_ARRAYS))
+    values: dict[str, list[str]] = {k: [] for k in keys}
+    owners: dict[str, list[int]] = {k: [] for k in keys}
+    tree, ended = -1, False
+    for line in region.split("\n"):
+        key, eq, value = line.partition("=")
+        if key == "Tree":
+            tree, ended = tree + 1, False
+        elif not line:
+            ended = True  # a tree's lines end at its first blank line; only blank lines follow
+        elif ended or not eq or not re.fullmatch(r"[a-z_]+", key):
+            raise bad(f"tree {tree}", "'key=value' lines up to a blank line", line[:40])
+        elif key in values:
+            values[key].append(value)
+            owners[key].append(tree)
+    for key in keys:
+        if owners[key] != list(range(n_trees)):
+            first = next((i for i, t in enumerate(owners[key]) if t != i), len(owners[key]))
+            raise bad(f"tree {first} {key}", "one line per tree", f"{len(owners[key])} in {n_trees} trees")
+    return values
+
+
+def _check_trees(text: str, starts: np.ndarray, n_features: int, bad: Any) -> None:
+    """Every tree's shape, vectorised over the trees (a model holds thousands)."""
+    n_trees = len(starts) - 1
+    tree_id = np.arange(n_trees)
+    fields = _tree_fields(text[starts[0] : starts[-1]], n_trees, bad)
+    if not all(v.isascii() and v.isdigit() for v in fields["num_leaves"]):
+        raise bad("num_leaves", "whole numbers", next(v for v in fields["num_leaves"] if not v.isdigit()))
+    leaves = np.array([int(v) for v in fields["num_leaves"]], dtype=np.int64)
+    if np.any(leaves < 1):
+        raise bad(f"tree {int(np.argmax(leaves < 1))} num_leaves", ">= 1", int(leaves.min()))
+    for key in ("num_cat", "is_linear"):
+        got = fields[key]
+        if any(v != "0" for v in got):
+            raise bad(key, "0 (this version reads no categorical or linear trees)", set(got) - {"0"})
+    arrays: dict[str, FloatArray] = {}
+    for key, rel, whole in _TREE_ARRAYS:
+        lines = fields[key]
+        counts = np.array([len(v.split()) for v in lines])
+        want = np.ones_like(leaves) if rel is None else leaves + rel
+        wrong = np.flatnonzero(counts != want)
+        if wrong.size:
+            i = int(wrong[0])
+            raise bad(f"tree {i} {key}", f"{want[i]} numbers", int(counts[i]))
+        joined = " ".join(v for v in lines if v)
+        # Tokens as LightGBM writes them (its parser reads a prefix of anything else, numpy the whole)
+        token = _INT if whole else _FLOAT
+        if not re.fullmatch(rf"(?:{token})(?: (?:{token}))*|", joined):
+            raise bad(key, "whole numbers" if whole else "numbers", "another token")
+        values = np.fromstring(joined, dtype=np.float64, sep=" ") if joined else np.zeros(0)
+        if values.size != counts.sum():
+            raise bad(key, "numbers separated by single spaces", joined[:40])
+        # LightGBM writes an `inf` threshold itself (a split that sends every finite value left); NaN
+        # in any array, or an infinite leaf value, is an edit.
+        wrong_value = np.isnan(values) if key == "threshold" else ~np.isfinite(values)
+        if np.any(wrong_value):
+            i = int(np.repeat(tree_id, counts)[np.argmax(wrong_value)])
+            expected = "numbers (no NaN)" if key == "threshold" else "finite numbers"
+            raise bad(f"tree {i} {key}", expected, f"{values[np.argmax(wrong_value)]}")
+        if whole and np.any(values != np.round(values)):
+            raise bad(key, "whole numbers", None)
+        arrays[key] = values
+    owner = np.repeat(tree_id, leaves - 1)  # the tree of each internal node
+    n_of = (leaves - 1)[owner]
+    if np.any((arrays["split_feature"] < 0) | (arrays["split_feature"] >= n_features)):
+        raise bad("split_feature", f"feature indices 0..{n_features - 1}", None)
+    # bit 0: categorical (refused), bit 1: default left, bits 2-3: missing type 0..2
+    dt = arrays["decision_type"].astype(np.int64)
+    if np.any((dt < 0) | (dt > 11) | (dt & 1 == 1)):
+        raise bad("decision_type", "numerical splits (even numbers 0..10)", None)
+    # Children: an internal node k >= 0 or a leaf ~k < 0. Every node but the root and every leaf reached
+    # exactly once: prediction walks down from the root and always ends at a leaf.
+    child = np.concatenate([arrays["left_child"], arrays["right_child"]]).astype(np.int64)
+    tree = np.concatenate([owner, owner])
+    n_int = np.concatenate([n_of, n_of])
+    node, leaf = child >= 0, child < 0
+    ok = (
+        np.all(child[node] >= 1) and np.all(child[node] < n_int[node])
+        and np.all(~child[leaf] <= n_int[leaf])
+        and int(node.sum()) == int(np.sum(np.maximum(leaves - 2, 0)))
+        and int(leaf.sum()) == int(np.sum(leaves[leaves > 1]))
+        and np.unique(tree[node] * (1 << 32) + child[node]).size == int(node.sum())
+        and np.unique(tree[leaf] * (1 << 32) + ~child[leaf]).size == int(leaf.sum())
+    )
+    if not ok:
+        raise bad("left_child/right_child", "each node but the root and each leaf reached exactly once", None)
+
+
 class PhaseModel:
     """A loaded phase model."""
 
@@ -359,37 +618,72 @@ class PhaseModel:
             where = f"phasescope/models/{SHIPPED_MODEL}"
         else:
             p = Path(path)
-            if not p.is_file():
+            if not p.exists():
                 raise InputError(path, "model", "a phasescope model file (JSON)", "no such file")
+            from phasescope.sources.replay import check_file
+
+            check_file(p)  # a FIFO or device would block the read forever
             text = p.read_text(encoding="utf-8", errors="replace")
             where = str(p)
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(where, f"line {exc.lineno}", "a JSON model file", exc.msg) from None
-        return cls.from_dict(doc, where)
+        return cls.from_dict(doc, where, packaged=path is None)
 
     @classmethod
-    def from_dict(cls, doc: Any, where: str = "model") -> PhaseModel:
+    def from_dict(cls, doc: Any, where: str = "model", *, packaged: bool = False) -> PhaseModel:
+        """A model from its JSON document. `packaged`: a file installed with phasescope itself, whose boosters
+        are skipped by the structure walk where their stored digest matches (they are as trusted as the code
+        beside them, and the walk costs most of a second: the start-up of every command)."""
         if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise InputError(where, "format", f"{MODEL_FORMAT!r}", got)
-        if list(doc.get("classes", [])) != list(PHASES):
+        if doc.get("classes") != list(PHASES):
             raise InputError(where, "classes", f"{list(PHASES)}", doc.get("classes"))
+        version = doc.get("version", "unversioned")
+        if not isinstance(version, str) or not re.fullmatch(r"[\w.+-]{1,64}", version):
+            raise InputError(where, "version", "a version string such as '0.3.0'", version)
+        trust = os.environ.get(TRUST_MODEL_ENV, "") == "1"
         try:
-            config = WindowConfig(**doc["window"])
-            rules = UnknownRules(**doc["unknown_rules"])
+            config = WindowConfig(**_checked(where, "window", doc["window"], _WINDOW_FIELDS))
+            rules = UnknownRules(**_checked(where, "unknown_rules", doc["unknown_rules"], _RULE_FIELDS))
+            if rules.max_interval_s <= rules.min_interval_s:
+                raise InputError(where, "unknown_rules.max_interval_s", "more than min_interval_s",
+                                 rules.max_interval_s)
+            if not isinstance(doc["submodels"], list) or not doc["submodels"]:
+                raise InputError(where, "submodels", "a non-empty list", doc["submodels"])
             subs = []
-            for s in doc["submodels"]:
+            for i, s in enumerate(doc["submodels"]):
+                if not isinstance(s, dict) or not isinstance(s.get("name"), str):
+                    raise InputError(where, f"submodels[{i}]", "an object with a 'name' string", s)
+                if not _str_list(s["signals"]) or not set(s["signals"]) <= set(SIGNAL_NAMES):
+                    raise InputError(where, f"submodel {s['name']} signals", "signal names of the schema",
+                                     s["signals"])
+                if not _str_list(s["features"]):
+                    raise InputError(where, f"submodel {s['name']} features", "a list of feature names",
+                                     s["features"])
                 unknown = [f for f in s["features"] if f not in FEATURE_NAMES]
                 if unknown:
                     raise InputError(
                         where, f"submodel {s['name']}", "features this version computes", unknown
                     )
                 text = s["booster"]
-                if not isinstance(text, str) or not text.startswith("tree"):
+                if not isinstance(text, str) or not text.startswith("tree\n"):
                     raise InputError(
                         where, f"submodel {s['name']}", "a LightGBM model in text format", str(text)[:40]
+                    )
+                digest = booster_digest(text)
+                shipped = packaged and s.get("booster_sha256") == digest
+                # The walk runs once per process per booster.
+                if not shipped and (digest, tuple(s["features"])) not in _CHECKED_BOOSTERS:
+                    check_booster(text, tuple(s["features"]), where, s["name"])
+                    _CHECKED_BOOSTERS.add((digest, tuple(s["features"])))
+                if s.get("booster_sha256") != digest and not trust:
+                    raise InputError(
+                        where, f"submodel {s['name']} booster_sha256",
+                        f"the sha256 of its booster (the model was edited or damaged; to load it anyway, "
+                        f"set {TRUST_MODEL_ENV}=1)", s.get("booster_sha256"),
                     )
                 cal = None
                 if s.get("calibration") is not None:
@@ -409,10 +703,10 @@ class PhaseModel:
             ) from None
         coarse = None
         if doc.get("coarse") is not None:
-            coarse = cls.from_dict(doc["coarse"], f"{where} (coarse model)")
+            coarse = cls.from_dict(doc["coarse"], f"{where} (coarse model)", packaged=packaged)
             if coarse.coarse is not None:
                 raise InputError(where, "coarse", "one coarse model, not a chain", "a coarse model in it")
-        return cls(str(doc.get("version", "unversioned")), config, rules, subs, doc.get("card"), coarse)
+        return cls(version, config, rules, subs, doc.get("card"), coarse)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -427,16 +721,25 @@ class PhaseModel:
                     "name": s.name,
                     "signals": list(s.signals),
                     "features": list(s.features),
-                    "booster": s.booster_text or s.booster.model_to_string(),
+                    "booster": text,
+                    "booster_sha256": booster_digest(text),
                     "calibration": s.calibration.to_dict() if s.calibration else None,
                 }
                 for s in self.submodels
+                for text in [s.booster_text or s.booster.model_to_string()]
             ],
             "coarse": None if self.coarse is None else self.coarse.to_dict(),
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
+        """Written to a temp name, fsync'd and renamed: a kill mid-save never leaves a cut model file."""
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(self.to_dict(), indent=1))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
 
     # -- prediction ---------------------------------------------------------------------------
 

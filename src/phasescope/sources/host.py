@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -28,6 +27,7 @@ from typing import TypeVar
 import numpy as np
 import psutil
 
+from phasescope.identity import host_name
 from phasescope.schema import SIGNAL_COLUMN, SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
 from phasescope.sources.base import LiveSource
 from phasescope.text import ellipsize, printable
@@ -218,7 +218,7 @@ class HostSource:
     local_processes = True  # its PIDs are this host's: a view may signal them (`signal_process`)
 
     def __init__(self, find_torch: bool = True, scan_s: float = 5.0, torch_recheck_s: float = 30.0) -> None:
-        self._host = socket.gethostname()
+        self._host = host_name()
         self._info = DeviceInfo(
             uuid=f"host:{self._host}", name=f"{_cpu_model()} ({psutil.cpu_count() or 0} logical cores)",
             host=self._host, extra={"kind": HOST_KIND},

@@ -1,12 +1,17 @@
 """Live source over NVML (nvidia-ml-py): every schema signal of every GPU and MIG instance, each tick.
 
-Error policy (see docs/ARCHITECTURE.md, "NVML and host sources"):
+Error policy (see docs/design/nvml-sampling.md):
 - a failing call gives NaN and is counted by call name; it never raises out of `read()`;
 - NotSupported / FunctionNotFound / NoPermission / InvalidArgument are remembered per device and call,
   so an unsupported call costs one try, not one per tick;
-- GpuIsLost (or Unknown on every call of a tick) marks the device lost: one event, its row reads NaN
-  from then on (kept, not dropped, so rows and UUIDs stay stable for recorders and views), and NVML is
-  not called on it again; the other devices keep going;
+- GpuIsLost marks the device lost: one event, its row reads NaN from then on (kept, not dropped, so rows
+  and UUIDs stay stable for recorders and views), and NVML is not called on it again; the other devices
+  keep going;
+- Unknown on every call of a tick is an outage, not a loss: one event, NaN while it lasts, retried with
+  backoff (OUTAGE_BACKOFF_S doubling to OUTAGE_BACKOFF_MAX_S), one event when it answers again; only after
+  OUTAGE_GIVE_UP_S of nothing but Unknown is the GPU given up as lost, and the event says so;
+- a value outside its signal's physical range (schema.RANGES) is NaN, counted as `impossible <signal>` in
+  `error_counts()` and said once per device and signal;
 - a missing library or driver is a `SourceError` with one actionable line (`nvml_available()` says it
   without raising, for `--source auto`).
 
@@ -24,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -33,16 +37,20 @@ from typing import Any
 import numpy as np
 
 from phasescope.errors import SourceError
+from phasescope.identity import host_name
 from phasescope.schema import (
     KB_PER_S,
     MHZ,
     PERCENT,
+    RANGES,
     SIGNAL_COLUMN,
     SIGNAL_NAMES,
+    SIGNALS,
     DeviceInfo,
     GpuHealth,
     ProcessSample,
     TickBatch,
+    impossible,
 )
 
 try:
@@ -77,6 +85,14 @@ _NO_GPU_INSTANCE = 0xFFFFFFFF  # an event's gpuInstanceId when it is not about o
 # not every tick, where they would add about half again to a tick's 10-17 calls per GPU. XIDs are
 # drained every tick (one call per GPU), so the event line comes at once.
 HEALTH_INTERVAL_S = 10.0
+# A GPU answering Unknown Error to every call is in an outage, not lost: a transient driver state (a GSP
+# RPC timeout, a neighbour's reset, persistenced restarting) clears within seconds to a minute, and giving
+# up at once would lose the GPU for the rest of the run. It is retried after OUTAGE_BACKOFF_S, then twice
+# as long each time up to OUTAGE_BACKOFF_MAX_S (a failing GPU's calls can take a while each: not every
+# tick), and given up as lost only after OUTAGE_GIVE_UP_S of nothing else: by then an operator is needed.
+OUTAGE_BACKOFF_S = 1.0
+OUTAGE_BACKOFF_MAX_S = 30.0
+OUTAGE_GIVE_UP_S = 120.0
 # Events drained per GPU and tick at most: a storm beyond it (1000/s at 1 Hz) waits in NVML's queue, where
 # a critical XID behind it would wait too, so the bound is well above what an application storm makes.
 _MAX_XIDS_PER_TICK = 1024
@@ -152,9 +168,16 @@ class _Device:
     last_critical_xid: int = 0
     # (xid, GPU instance) -> (time.monotonic() it was last said, how many came since without a line)
     xid_said: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
-    # per-tick bookkeeping for the lost-GPU rule
+    # per-tick bookkeeping for the outage rule
     attempts: int = 0
     unknown: int = 0
+    # an outage (Unknown on every call): since when (the source's clock), the next retry, the wait after
+    # it, and the calls that failed meanwhile; down_since None: answering
+    down_since: float | None = None
+    retry_at: float = 0.0
+    backoff_s: float = OUTAGE_BACKOFF_S
+    down_calls: int = 0
+    impossible_said: set[str] = field(default_factory=set)  # signals already said out of range
 
 
 def _error_code(exc: BaseException) -> int:
@@ -220,8 +243,10 @@ class NvmlSource:
     def __init__(
         self, processes: bool = True, gpm: bool = True, nvlink: bool = True,
         health_interval_s: float = HEALTH_INTERVAL_S, health: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _init()
+        self._clock = clock  # of the outage backoff; injectable so tests need not wait minutes
         self._open = True
         self._want_processes = processes
         self._want_gpm = gpm
@@ -230,7 +255,7 @@ class NvmlSource:
         self._want_health = health  # False: no XID event sets, no health reads (`measure` needs neither)
         self._errors: dict[str, int] = {}
         self._pending_events: list[str] = []
-        self._host = socket.gethostname()
+        self._host = host_name()
         self._driver = self._driver_version()
         self._devs: list[_Device] = []
         try:
@@ -409,9 +434,10 @@ class NvmlSource:
         events, self._pending_events = self._pending_events, []
         rows: list[list[float]] = []
         processes: list[ProcessSample] = []
+        mono = self._clock()
         for dev in self._devs:
             row = [_NAN] * _N
-            if not dev.lost:
+            if not dev.lost and (dev.down_since is None or mono >= dev.retry_at):
                 dev.attempts = dev.unknown = 0
                 self._poll_xids(dev, now, events)
                 try:
@@ -425,16 +451,63 @@ class NvmlSource:
                     self._poll_xids(dev, now, events)  # the XID that says why (79) may have come meanwhile
                     events.extend(self._mark_lost(dev, str(exc)))
                 else:
-                    # Unknown from every call (at least a few: one odd failure is not a lost GPU).
+                    # Unknown from every call (at least a few: one odd failure is not an outage).
                     if dev.attempts >= 3 and dev.unknown == dev.attempts:
                         row = [_NAN] * _N
-                        events.extend(self._mark_lost(dev, "NVML answered Unknown Error to every call"))
+                        events.extend(self._outage(dev, mono))
+                    elif dev.down_since is not None:
+                        events.append(f"GPU answering again: {dev.info.label()} after "
+                                      f"{mono - dev.down_since:.0f} s of Unknown Error "
+                                      f"({dev.down_calls} failed calls)")
+                        dev.down_since = None
             rows.append(row)
         values = np.array(rows, dtype=np.float64) if rows else np.empty((0, _N))
+        events.extend(self._drop_impossible(values))
         # A lost GPU keeps its last health: its last XID (79) is what an SRE needs to see.
         health = {d.info.uuid: d.health for d in self._devs if d.health is not None}
         return TickBatch(time=now, devices=self.devices(), values=values, processes=processes, events=events,
                          health=health)
+
+    def _outage(self, dev: _Device, mono: float) -> list[str]:
+        """A tick of nothing but Unknown: start or extend the device's outage; give up after
+        OUTAGE_GIVE_UP_S. Returns the event to say, if any (its start, or the giving up)."""
+        first = dev.down_since is None
+        if dev.down_since is None:
+            dev.down_since, dev.backoff_s, dev.down_calls = mono, OUTAGE_BACKOFF_S, 0
+        dev.down_calls += dev.unknown
+        down_for = mono - dev.down_since
+        if down_for >= OUTAGE_GIVE_UP_S:
+            return self._mark_lost(dev, f"NVML answered Unknown Error to every call for {down_for:.0f} s "
+                                        f"({dev.down_calls} failed calls); given up after "
+                                        f"{OUTAGE_GIVE_UP_S:.0f} s")
+        dev.retry_at = mono + dev.backoff_s
+        dev.backoff_s = min(2.0 * dev.backoff_s, OUTAGE_BACKOFF_MAX_S)
+        if not first:
+            return []
+        return [f"GPU not answering: {dev.info.label()} (NVML Unknown Error on every call); its readings are "
+                f"NaN meanwhile, retried with backoff up to every {OUTAGE_BACKOFF_MAX_S:.0f} s, given up as "
+                f"lost after {OUTAGE_GIVE_UP_S:.0f} s"]
+
+    def _drop_impossible(self, values: np.ndarray) -> list[str]:
+        """Set every value outside its signal's physical range to NaN (in place), count it, and say it once
+        per device and signal: a driver's garbage must not become joules or a verdict."""
+        events: list[str] = []
+        for name in SIGNAL_NAMES:
+            j = _C[name]
+            bad = impossible(name, values[:, j])
+            if not bad.any():
+                continue
+            for i in np.flatnonzero(bad).tolist():
+                dev = self._devs[i]
+                self._count(f"impossible {name}")
+                if name not in dev.impossible_said:
+                    dev.impossible_said.add(name)
+                    lo, hi = RANGES[name]
+                    events.append(f"impossible reading: {dev.info.label()} {name} = {values[i, j]:g} "
+                                  f"{SIGNALS[name].unit}, outside {lo:g}..{hi:g}: read as missing; counted "
+                                  f"in error_counts as 'impossible {name}', said once")
+            values[bad, j] = np.nan
+        return events
 
     def _mark_lost(self, dev: _Device, why: str) -> list[str]:
         """Mark a device (and its MIG instances) lost; return the one event that says so."""

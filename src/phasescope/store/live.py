@@ -1,6 +1,6 @@
 """The embedded live store: recent telemetry for the dashboard, `top` history and queries.
 
-SQLite in WAL mode (see docs/ARCHITECTURE.md for why not DuckDB). Two tiers per device:
+SQLite in WAL mode (see docs/design/store.md for why not DuckDB). Two tiers per device:
   - `samples`, the hot tier: one row per tick, one REAL column per schema signal, keyed on
     (device, time) in a WITHOUT ROWID table; it holds only the current minute (`block_s`).
   - `blocks`, the sealed tier: once a tick of a new minute arrives, the earlier minutes' rows move

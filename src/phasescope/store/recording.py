@@ -12,7 +12,11 @@ A segment `k` is `seg-k.parquet` once rolled, else `seg-k.arrows`; the reader pr
 file, so a crash between the rename and the delete never duplicates rows. A `kill -9` loses only
 what was not yet flushed: at most `flush_s` plus one tick. `finalize()` (on close, or through
 `phasescope record --recover`) merges the segments into `<file>`, `<file>.processes.parquet` and
-`<file>.manifest.json`, each written to a temp name and renamed, then removes the partial dir.
+`<file>.manifest.json`, each written to a temp name and renamed, then writes `finished.json` (fsync'd,
+with the final file's sample count) into the partial dir and only then empties it, the marker last.
+A kill at any point of that delete leaves a partial dir that `--recover` recognises as finished: it
+checks the final file holds the marked count and completes the delete, never rebuilding from what
+is left. Without the marker, `--recover` still refuses to replace a complete file with fewer samples.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from phasescope.errors import InputError
+from phasescope.identity import host_name
 from phasescope.schema import (
     PAPER_SIGNALS,
     SIGNAL_NAMES,
@@ -53,6 +57,7 @@ PARTIAL_SUFFIX = ".partial"
 MANIFEST_SUFFIX = ".manifest.json"
 PROCESSES_SUFFIX = ".processes.parquet"
 HEADER_NAME = "header.json"
+FINISHED_NAME = "finished.json"  # written once the final file is durable: the partial is only leftovers
 ROW_GROUP_ROWS = 131_072
 _MAX_EVENTS = 200
 
@@ -141,6 +146,15 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 def _fsync(path: Path) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the renames and deletes inside `path` durable (a directory's entries live in the directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _atomic_write_json(path: Path, obj: Any) -> None:
@@ -237,7 +251,7 @@ class RecordingWriter:
         self.partial_dir.mkdir(parents=True)
         self.source_spec = source_spec
         self.interval_s = interval_s
-        self.host = host if host is not None else socket.gethostname()
+        self.host = host if host is not None else host_name()
         self.segment_s = segment_s
         self.flush_s = flush_s
         self._clock = clock
@@ -515,6 +529,8 @@ def finalize(partial_dir: str | Path) -> dict[str, Any]:
     """
     pdir = Path(partial_dir)
     final = final_path_for(pdir)
+    if (pdir / FINISHED_NAME).exists() or (pdir.is_dir() and final.exists() and not any(pdir.iterdir())):
+        return _finish_delete(pdir, final)  # finalised already, killed while its partial dir was deleted
     if not is_partial_dir(pdir):
         raise InputError(pdir, "directory", "a partial phasescope recording (header.json, seg-*)", "neither")
     header = read_header(pdir)
@@ -537,6 +553,7 @@ def finalize(partial_dir: str | Path) -> dict[str, Any]:
     dt = np.diff(ticks)
     rate_hz = float(1.0 / np.median(dt)) if dt.size and np.median(dt) > 0 else None
     total_rows = sum(stats.rows.values())
+    _refuse_to_shrink(final, pdir, total_rows)
     total_nans = np.sum([stats.nans[u] for u in stats.rows], axis=0)
     missing = _missing(total_nans, total_rows)
     proc_rows = 0
@@ -590,8 +607,67 @@ def finalize(partial_dir: str | Path) -> dict[str, Any]:
             {"format": PROCESSES_FORMAT_NAME, "version": FORMAT_VERSION, "recording": final.name},
         )
     _atomic_write_json(manifest_path_for(final), manifest)
-    shutil.rmtree(pdir)
+    _fsync_dir(final.parent)  # the renames above reach the disk before the marker says they did
+    _atomic_write_json(pdir / FINISHED_NAME, {"file": final.name, "rows": total_rows})
+    _fsync_dir(pdir)
+    _remove_partial(pdir)
     return manifest
+
+
+def _complete_rows(final: Path) -> int | None:
+    """Samples in `final` if it is a complete recording (footer, metadata and row count agree), else None."""
+    try:
+        meta = read_file_metadata(final)
+        rows = pq.ParquetFile(final).metadata.num_rows
+    except (InputError, pa.ArrowException, OSError):
+        return None
+    return rows if meta.get("rows") == rows else None
+
+
+def _refuse_to_shrink(final: Path, pdir: Path, rows: int) -> None:
+    """A complete `final` with more samples than `pdir` holds is never replaced by it."""
+    if not final.exists():
+        return
+    have = _complete_rows(final)
+    if have is not None and have > rows:
+        raise InputError(
+            final,
+            "existing recording",
+            f"at most the {rows} samples {pdir.name}/ holds (recovering would shrink a complete "
+            f"recording: keep {final.name} and delete {pdir.name}/, or move {final.name} away first)",
+            f"a complete recording of {have} samples",
+        )
+
+
+def _finish_delete(pdir: Path, final: Path) -> dict[str, Any]:
+    """Complete the delete of a partial dir whose recording was finalised; the final file's manifest."""
+    marker = pdir / FINISHED_NAME
+    expected: object = None
+    if marker.exists():
+        try:
+            expected = json.loads(marker.read_text()).get("rows")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            expected = None  # torn before its rename is impossible (atomic), but a hand edit is not
+    have = _complete_rows(final)
+    if have is None or (expected is not None and have != expected):
+        raise InputError(
+            final,
+            "finalised recording",
+            f"a complete recording of {expected if expected is not None else 'its'} samples "
+            f"({pdir.name}/ is marked finished and may be partly deleted: it cannot rebuild it)",
+            "a missing or incomplete file" if have is None else f"{have} samples",
+        )
+    _remove_partial(pdir)
+    return read_manifest(final)
+
+
+def _remove_partial(pdir: Path) -> None:
+    """Delete the partial dir of a finalised recording, its finished marker last: safe to interrupt."""
+    for entry in sorted(pdir.iterdir()):
+        if entry.name != FINISHED_NAME:
+            entry.unlink()
+    (pdir / FINISHED_NAME).unlink(missing_ok=True)
+    pdir.rmdir()
 
 
 def _write_merged(pdir: Path, prefix: str, schema: pa.Schema, final: Path, meta: dict[str, Any]) -> None:

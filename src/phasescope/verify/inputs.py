@@ -46,11 +46,12 @@ def read_ledger_traces(path: str | Path) -> tuple[list[Trace], dict[str, Any]]:
 
 
 def read_inputs(paths: Sequence[str], fmt: str = "auto") -> tuple[list[Trace], list[dict[str, Any]]]:
-    from phasescope.sources.replay import read
+    from phasescope.sources.replay import check_file, read
 
     traces: list[Trace] = []
     sources: list[dict[str, Any]] = []
     for p in paths:
+        check_file(p, allow_dir=True)  # before any open: a FIFO would block the first read forever
         if is_ledger(p):
             from phasescope.verify import require_cryptography
 
@@ -108,6 +109,7 @@ def _check_one_device(uuid: str, parts: Sequence[Trace]) -> None:
 
 
 def read_store(path: str | Path | None, since: float | None, until: float | None) -> list[Trace]:
+    from phasescope.sources.replay import check_file
     from phasescope.store.live import Store, default_store_path
 
     p = Path(path) if path else default_store_path()
@@ -115,6 +117,7 @@ def read_store(path: str | Path | None, since: float | None, until: float | None
         raise InputError(
             p, "live store", "the store a running phasescope agent writes (or pass --store)", "no such file"
         )
+    check_file(p)  # SQLite would block opening a FIFO forever
     with Store(p, read_only=True) as st:  # a running agent may be writing it: read, never write
         return st.query(start=since, end=until)
 

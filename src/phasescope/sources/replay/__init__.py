@@ -22,7 +22,15 @@ from types import ModuleType
 from phasescope.errors import InputError
 from phasescope.schema import Trace
 from phasescope.sources.replay import _not_telemetry
-from phasescope.sources.replay._common import PathLike, check_file, head_text, read_head
+from phasescope.sources.replay._common import (
+    PathLike,
+    check_file,
+    check_times,
+    drop_impossible,
+    head_text,
+    read_head,
+    split_clock_steps,
+)
 
 # Detection order matters: the most specific signatures first, the loose nvidia-smi CSV last.
 _MODULES: dict[str, str] = {
@@ -167,7 +175,8 @@ def read(path: PathLike, format: str = "auto") -> list[Trace]:
     for t in traces:
         t.meta.setdefault("source_path", str(path))
         t.meta.setdefault("format", name)
-    return traces
+    # Every reader's traces pass here: a clock step is cut, an impossible reading is dropped, each said once.
+    return drop_impossible(path, split_clock_steps(path, check_times(path, traces)))
 
 
-__all__ = ["FORMATS", "detect", "known_formats", "parse_spec", "read"]
+__all__ = ["FORMATS", "check_file", "detect", "known_formats", "parse_spec", "read"]

@@ -7,8 +7,11 @@ input as one `InputError` naming the file, the row or field, and what was expect
 from __future__ import annotations
 
 import functools
+import itertools
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,7 +21,9 @@ import pyarrow.compute as pc
 import yaml
 
 from phasescope.errors import InputError
-from phasescope.schema import FloatArray, Trace
+from phasescope.schema import RANGES, SIGNALS, FloatArray, Trace, impossible
+
+log = logging.getLogger("phasescope.sources.replay")
 
 Options = Mapping[str, str]
 PathLike = str | Path
@@ -29,13 +34,24 @@ _NUMBER_RE = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 
 
 def check_file(path: PathLike, *, allow_dir: bool = False) -> Path:
-    """The path as a Path, or InputError when it does not exist or cannot be read."""
+    """The path as a Path, or InputError when it does not exist, cannot be read, or is not a regular
+    file: a FIFO, socket or device would block the first read forever, so it is refused before opening."""
     p = Path(path)
     if not p.exists():
         raise InputError(p, "file", "an existing file", "no such file or directory")
     if p.is_dir() and not allow_dir:
         raise InputError(p, "file", "a file, not a directory")
+    if not p.is_dir() and not p.is_file():
+        raise InputError(p, "file", "a regular file (written out, not a pipe or device)", _file_kind(p))
     return p
+
+
+def _file_kind(p: Path) -> str:
+    for test, kind in ((p.is_fifo, "a FIFO (named pipe)"), (p.is_socket, "a socket"),
+                       (p.is_char_device, "a character device"), (p.is_block_device, "a block device")):
+        if test():
+            return kind
+    return "not a regular file"
 
 
 def read_head(path: Path, size: int = 65536) -> bytes:
@@ -294,13 +310,113 @@ def parse_timestamps(
     return micros / 1e6
 
 
-def sort_by_time(
-    time: FloatArray, columns: dict[str, FloatArray]
-) -> tuple[FloatArray, dict[str, FloatArray]]:
-    if time.size < 2 or bool(np.all(np.diff(time) >= 0)):
-        return time, columns
-    order = np.argsort(time, kind="stable")
-    return time[order], {k: v[order] for k, v in columns.items()}
+# The times a trace may carry, in seconds: Unix time up to 2100, or a log's own clock from 0. Beyond it
+# is a millisecond or nanosecond stamp read as seconds, or garbage; the standard library cannot even
+# format most of it as a date (OSError, OverflowError), so it stops here, in one line.
+EARLIEST_TIME = 0.0
+LATEST_TIME = 4_102_444_800.0  # 2100-01-01T00:00:00Z
+
+
+def check_times(path: PathLike, traces: list[Trace]) -> list[Trace]:
+    """The traces, or InputError naming the first device and sample whose time is not a finite number
+    within [EARLIEST_TIME, LATEST_TIME)."""
+    for t in traces:
+        time = np.asarray(t.time, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~((time >= EARLIEST_TIME) & (time < LATEST_TIME)))
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(
+                path,
+                f"{_device_name(t)}, sample {i + 1} of {time.size}: time",
+                "a Unix time in seconds up to 2100-01-01 (or a log's own clock from 0); a millisecond "
+                "or nanosecond stamp read as seconds?",
+                float(time[i]),
+            )
+    return traces
+
+
+def split_clock_steps(path: PathLike, traces: list[Trace]) -> list[Trace]:
+    """Each trace cut where its time goes backwards, in file order: a clock step (an NTP step, a reboot,
+    two runs in one file), after which the times are on another clock. Sorting them into the earlier data
+    would mix two runs into one timeline and change its segments, so each part is its own trace: the
+    first keeps the device's uuid, part k (k >= 2) is `<uuid>/clock<k>` with `meta["clock_step"]` = k - 1,
+    and one line says where the file was cut. Readers keep the file's order so that this can see it."""
+    out: list[Trace] = []
+    said: list[str] = []
+    for t in traces:
+        steps = np.flatnonzero(np.diff(t.time) < 0) + 1
+        if not steps.size:
+            out.append(t)
+            continue
+        bounds = [0, *steps.tolist(), len(t)]
+        for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+            part = t.take(slice(a, b))
+            if k:
+                part.device = replace(t.device, uuid=f"{t.device.uuid}/clock{k + 1}")
+                part.meta = {**t.meta, "clock_step": k}
+            out.append(part)
+        where = ", ".join(
+            f"sample {i + 1} ({t.time[i - 1] - t.time[i]:.3f} s back)" for i in steps[:_SAY_AT_MOST].tolist()
+        )
+        more = f" and {steps.size - _SAY_AT_MOST} more" if steps.size > _SAY_AT_MOST else ""
+        said.append(f"{_device_name(t)} at {where}{more}, {steps.size + 1} parts")
+    if said:
+        log.warning(
+            "phasescope: warning: %s: time goes backwards (a clock step): split into separate traces, "
+            "never re-sorted: %s", path, "; ".join(said)
+        )
+    return out
+
+
+def drop_impossible(path: PathLike, traces: list[Trace]) -> list[Trace]:
+    """The traces with every value outside its signal's physical range (schema.RANGES) read as NaN
+    (missing, never 0), and one line naming each signal, the count and the first samples: no joule, cost
+    or verdict is computed from a reading no GPU can give."""
+    out: list[Trace] = []
+    found: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    for t in traces:
+        fixed: dict[str, FloatArray] = {}
+        for name, col in t.columns.items():
+            bad = impossible(name, col)
+            if not bad.any():
+                continue
+            fixed[name] = np.where(bad, np.nan, col)
+            rows = np.flatnonzero(bad)
+            counts[name] = counts.get(name, 0) + rows.size
+            shown = ", ".join(str(i + 1) for i in rows[:_SAY_AT_MOST].tolist())
+            more = ", ..." if rows.size > _SAY_AT_MOST else ""
+            found.setdefault(name, []).append(f"{_device_name(t)} sample {shown}{more}")
+        out.append(t.with_columns(**fixed) if fixed else t)
+    if counts:
+        parts = []
+        for name, n in counts.items():
+            lo, hi = RANGES[name]
+            unit = SIGNALS[name].unit
+            parts.append(f"{name}: {n} outside {lo:g}..{hi:g} {unit} ({'; '.join(found[name])})")
+        log.warning(
+            "phasescope: warning: %s: %d impossible value(s) dropped, read as missing: %s",
+            path, sum(counts.values()), "; ".join(parts),
+        )
+    return out
+
+
+def first_step_back(keys: np.ndarray, time: FloatArray) -> tuple[int, int] | None:
+    """For readers that join samples by time and so cannot cut at a clock step: the positions (earlier,
+    later) of the first pair of samples of one key (a series, a container) whose time goes back in file
+    order; None when every key's time only goes forward."""
+    order = np.lexsort((np.arange(time.size), keys))  # by key, then file order
+    back = np.flatnonzero((np.diff(keys[order]) == 0) & (np.diff(time[order]) < 0))
+    return (int(order[back[0]]), int(order[back[0] + 1])) if back.size else None
+
+
+_SAY_AT_MOST = 3  # places named in a warning line; the count says the rest
+
+
+def _device_name(t: Trace) -> str:
+    index = t.meta.get("gpu_index", t.device.index)
+    return f"gpu {index}" if index is not None else t.device.uuid
 
 
 F = TypeVar("F", bound=Callable[..., list[Trace]])

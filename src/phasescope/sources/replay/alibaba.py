@@ -24,6 +24,7 @@ from phasescope.sources.replay._common import (
     check_file,
     check_options,
     dictionary_codes,
+    first_step_back,
     guarded,
     head_lines,
     read_csv_strings,
@@ -72,6 +73,16 @@ def _load(p: Path) -> tuple[str, FloatArray, FloatArray, pa.ChunkedArray]:
     time = strings_to_float(col["timestamp_anon"], p, "timestamp_anon", strip_suffix=False)
     require_finite(time, p, "timestamp_anon", "a time in seconds", "empty")
     ip = pc.utf8_trim_whitespace(col["container_ip"])
+    # The files are joined by time below, so a clock step cannot be cut there (replay.read): refuse it.
+    codes, names = dictionary_codes(ip)
+    step = first_step_back(codes, time)
+    if step is not None:
+        i, j = step
+        raise InputError(
+            p, f"row {j + 1}, field 'timestamp_anon'",
+            f"times that never go back for container {names[codes[j]]} (a clock step: split the file there)",
+            f"{time[j]:.0f} after {time[i]:.0f} in row {i + 1}",
+        )
     return sig, value, time, ip
 
 

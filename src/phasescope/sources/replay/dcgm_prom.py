@@ -29,6 +29,7 @@ from phasescope.sources.replay._common import (
     check_file,
     check_options,
     dictionary_codes,
+    first_step_back,
     float_option,
     guarded,
     head_text,
@@ -312,14 +313,30 @@ def _ordinal(series: np.ndarray) -> np.ndarray:
     return out
 
 
+def _refuse_clock_step(p: Path, s: _Samples, d: int, when: FloatArray, name: np.ndarray) -> None:
+    """InputError when a series' times go backwards in file order: a clock step. This reader joins every
+    series of a device by time, so it cannot cut the trace there as the others do (replay.read): it
+    refuses the file instead, naming the series and the step, rather than sort it into the earlier data."""
+    step = first_step_back(name, when)
+    if step is not None:
+        i, j = step
+        gpu = s.labels[d].get("gpu", str(d)) if s.keys[d] is not None else str(d)
+        raise InputError(
+            p, f"series {s.names[name[i]]} of gpu {gpu}",
+            "timestamps that never go back (a clock step: split the file there and read each part)",
+            f"t={when[j]:.3f} s after t={when[i]:.3f} s",
+        )
+
+
 def _trace(p: Path, s: _Samples, d: int, n: int, interval: float) -> Trace:
     sel = np.flatnonzero(s.device == d)
     stamp = s.stamp[sel]
     # Time of each sample: its own timestamp, else its scrape ordinal (n-th sample of that series).
     when = np.where(np.isnan(stamp), s.ordinal[sel] * interval, stamp)
+    name = s.name[sel]
+    _refuse_clock_step(p, s, d, when, name)
     times = np.unique(when)
     pos = np.searchsorted(times, when)
-    name = s.name[sel]
     value = s.value[sel]
     have = {s.names[c] for c in np.unique(name).tolist()}
 

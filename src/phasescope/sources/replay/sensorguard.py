@@ -141,7 +141,7 @@ def _split(csv: Path, table: pa.Table, manifest: dict[str, Any]) -> list[Trace]:
     traces: list[Trace] = []
     for idx in all_indices:
         sel = np.flatnonzero(gpu_index == idx)
-        order = sel[np.argsort(time[sel], kind="stable")]
+        order = sel  # file order: replay.read cuts a clock step there, never re-sorts it into earlier data
         t = time[order]
         meta = base_meta(
             csv,

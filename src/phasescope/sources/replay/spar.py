@@ -28,7 +28,6 @@ from phasescope.sources.replay._common import (
     guarded,
     read_head,
     require_finite,
-    sort_by_time,
     synth_uuid,
 )
 
@@ -114,7 +113,6 @@ def _one(p: Path, table: pa.Table, uuid: str, n: int, file_meta: dict[str, Any])
     # -1 is SPAR's "not available" (e.g. fan speed on SXM boards); never a real reading of these signals.
     for sig, vals in cols.items():
         cols[sig] = np.where(vals < 0, np.nan, vals)
-    time, cols = sort_by_time(time, cols)
     first = {k: _first_str(table, k) for k in ("workload_label", "run_id", "gpu_name", "driver_version")}
     meta = base_meta(p, NAME, run=p.stem, gpu_index=_index(file_meta.get("gpu_index"), n), clock="unix")
     if first["workload_label"]:
