@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # the Verdict's parts, for types only: at run time schema imports nothing of phasescope
+    from phasescope.classify.decide import Segment
+    from phasescope.classify.held import Held
+    from phasescope.classify.model import WindowPredictions
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -63,6 +68,31 @@ _SIGNALS: tuple[Signal, ...] = (
 SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNALS}
 SIGNAL_NAMES: tuple[str, ...] = tuple(SIGNALS)
 PAPER_SIGNALS: tuple[str, ...] = tuple(s.name for s in _SIGNALS if s.paper)
+
+# The physical range of each unit, bounds included. A value outside is not telemetry (a corrupt row, a
+# driver sentinel, a unit mix-up): readers and live sources turn it into NaN (missing) and say so, so no
+# joule, cost or verdict is ever computed from it. Generous on purpose: they catch the impossible, not
+# the unusual.
+RATIO_SLACK = 0.05  # utilisation is a rounded percent or a window average: 100.4 % happens, 150 % does not
+_UNIT_RANGE: dict[Unit, tuple[float, float]] = {
+    "ratio": (0.0, 1.0 + RATIO_SLACK),
+    "watts": (0.0, 5000.0),  # per device; the largest boards draw about 1.2 kW (B200), 2.7 kW (GB200)
+    "celsius": (-40.0, 150.0),  # coldest rated ambient to far past every GPU's shutdown (about 90-105 C)
+    "hertz": (0.0, 1e11),  # GDDR7 memory clocks read 14 GHz in nvidia-smi; 100 GHz leaves room
+    "bytes": (0.0, 2.0**50),  # 1 PiB of device memory; the largest GPUs have under 300 GB
+    "bytes_per_second": (0.0, 1e14),  # NVLink 5 moves 1.8 TB/s per GPU; 100 TB/s leaves room
+    "joules": (0.0, 1e15),  # an energy counter: 1 kW for 30,000 years; never negative
+    "bitmask": (0.0, 2.0**64 - 1),  # NVML's 64-bit reasons mask
+}
+RANGES: Mapping[str, tuple[float, float]] = {s.name: _UNIT_RANGE[s.unit] for s in _SIGNALS}
+
+
+def impossible(name: str, values: Any) -> npt.NDArray[np.bool_]:
+    """Where the values of signal `name` lie outside its physical range (RANGES); inf is outside, NaN (a
+    missing value) is not."""
+    v = np.asarray(values, dtype=np.float64)
+    lo, hi = RANGES[name]
+    return ~np.isnan(v) & ~((v >= lo) & (v <= hi))
 
 PHASES: tuple[str, ...] = ("training", "inference", "other", "idle")
 Phase = Literal["training", "inference", "other", "idle", "unknown"]
@@ -242,28 +272,30 @@ class ProcessSample:
 
 @dataclass
 class Verdict:
-    """The classifier's answer for one device over one span of time."""
+    """The classifier's answer for one device over one span of time: `classify/verdict.py` builds it (the one
+    place), and `classify`, the report, the fleet judge and `verify` each format it their own way."""
 
-    device: str
-    start: float
+    device: DeviceInfo
+    start: float  # the span judged: first and last sample time (NaN for an empty trace)
     end: float
-    label: Phase
-    probabilities: dict[str, float]
+    label: str  # a PHASES name holding the most time (decide.overall_label), or "unknown"
+    confidence: float  # time-weighted mean probability of `label` over its segments; NaN when unknown
+    probabilities: dict[str, float]  # mean window probability per phase over the windows the model called
+    segments: list[Segment]
+    # Why windows were unknown: reason -> windows that gave it, the most common first; a span with no window
+    # at all carries its reason with 0.
+    unknown_reasons: dict[str, int]
+    held: Held  # the device's idle: held or not (False for a working label; None where it cannot be told)
+    segment_held: list[Held | None]  # per segment; None for a non-idle one
+    windows: WindowPredictions | None  # the per-window predictions; None where no model judged the trace
     model_version: str
-    evidence: dict[str, float] = field(default_factory=dict)  # feature -> contribution
     missing_signals: list[str] = field(default_factory=list)
+    thresholds: dict[str, float] = field(default_factory=dict)  # the config's thresholds set, as applied
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "start": self.start,
-            "end": self.end,
-            "label": self.label,
-            "probabilities": dict(self.probabilities),
-            "model_version": self.model_version,
-            "evidence": dict(self.evidence),
-            "missing_signals": list(self.missing_signals),
-        }
+    @property
+    def held_idle(self) -> bool:
+        """Labelled idle, and that idle is held."""
+        return self.label == "idle" and self.held.held is True
 
 
 # Column of each signal in TickBatch.values.

@@ -109,7 +109,7 @@ def test_sensorguard_trace_with_pcie_removed(shared_data: Path, model: PhaseMode
     trace = next(t for t in read(shared_data / TRAIN_GPT2) if t.device.index == 0)
     r = classify_trace(model, trace.without("pcie_tx", "pcie_rx"), TRAIN_GPT2, None, None)
     assert r.to_json()["missing_signals"] == ["pcie_tx", "pcie_rx"]
-    assert r.label == "training"
+    assert r.verdict.label == "training"
 
 
 def test_malformed_file_is_one_line_and_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,7 +177,7 @@ def test_every_labelled_trace_is_classified(shared_data: Path, model: PhaseModel
     for rel in paths:
         for trace in read(str(shared_data / rel)):
             r = classify_trace(model, trace, rel, None, None)
-            if r.label == "unknown":
+            if r.verdict.label == "unknown":
                 assert all(r.pred.reasons), rel
                 rules |= {_rule(w) for w in r.pred.reasons}
             else:
@@ -233,17 +233,17 @@ def test_min_segment_merges_shorter_segments_into_their_neighbours(
 ) -> None:
     trace = _training_idle_training(shared_data, 90.0)
     default = classify_trace(model, trace, "x", None, None)
-    assert [s.label for s in default.segments] == ["training", "idle", "training"]
-    idle_s = default.segments[1].duration
+    assert [s.label for s in default.verdict.segments] == ["training", "idle", "training"]
+    idle_s = default.verdict.segments[1].duration
     assert 60.0 < idle_s < 90.0
     unset = classify_trace(model, trace, "x", None, None, ThresholdConfig())
     assert unset.to_json() == default.to_json()
     kept = classify_trace(model, trace, "x", None, None, ThresholdConfig(min_segment_s=60.0))
-    assert [s.label for s in kept.segments] == ["training", "idle", "training"]
+    assert [s.label for s in kept.verdict.segments] == ["training", "idle", "training"]
     merged = classify_trace(model, trace, "x", None, None, ThresholdConfig(min_segment_s=idle_s + 1.0))
-    (one,) = merged.segments
-    assert one.label == "training" and one.n_windows == sum(s.n_windows for s in default.segments)
-    assert (one.start, one.end) == (default.segments[0].start, default.segments[-1].end)
+    (one,) = merged.verdict.segments
+    assert one.label == "training" and one.n_windows == sum(s.n_windows for s in default.verdict.segments)
+    assert (one.start, one.end) == (default.verdict.segments[0].start, default.verdict.segments[-1].end)
     assert merged.to_json()["thresholds"] == {"min_segment_s": idle_s + 1.0}
     # The raw windows stay the model's: only the smoothed view changes.
     assert merged.to_json()["windows"] == default.to_json()["windows"]
@@ -322,7 +322,7 @@ def test_held_is_null_where_memory_is_not_in_the_trace(shared_data: Path, model:
     # The same GPU with 2 GiB more in use (a process kept a model loaded) is held; the bar is 1 GiB.
     held = classify_trace(model, trace.with_columns(mem_used=trace["mem_used"] + 2 * GIB), TRAIN_GPT2,
                           None, None)
-    assert held.label == "idle" and held.held.held is True and held.held_idle
+    assert held.verdict.label == "idle" and held.verdict.held.held is True and held.verdict.held_idle
     assert all(s["held"] is True for s in _idle_segments(held.to_json()))
 
 

@@ -10,10 +10,18 @@ import pytest
 
 from phasescope.classify.model import PhaseModel
 from phasescope.report import build, render
+from phasescope.schema import PHASES
 from phasescope.sources.replay import read
+from phasescope.views.palette import PALETTE, look
 from tests.live_helpers import TRAINING_RUN
 
 CHROMIUM = "/usr/bin/chromium"
+
+
+def _rgb(hex_colour: str) -> str:
+    """A hex colour as getComputedStyle writes it."""
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
 
 
 def _chromium() -> str:
@@ -59,12 +67,22 @@ def test_report_renders_offline_in_chromium(shared_data: Path, tmp_path: Path) -
             shapes = page.evaluate("(document.getElementById('fig0').layout.shapes || []).length")
             drawn = page.evaluate("document.querySelectorAll('#fig0 .main-svg').length")
             badges = page.evaluate("[...document.querySelectorAll('h2 .badge')].map(b => b.textContent)")
+            # what the browser draws for each phase: badges, bands and probability lines
+            painted = page.evaluate("[...document.querySelectorAll('.badge')].map(b => [b.dataset.phase, "
+                                    "getComputedStyle(b).backgroundColor, getComputedStyle(b).color])")
+            bands = page.evaluate("document.getElementById('fig0').layout.shapes.map(s => s.fillcolor)")
+            lines = page.evaluate("document.getElementById('fig0').data.filter(t => t.name.startsWith('P('))"
+                                  ".map(t => [t.name, t.line.color])")
         finally:
             browser.close()
     assert blocked == [] and errors == []
     assert traces >= 5 and points > 100 and drawn > 0
     assert shapes == len(data.devices[0].segments) > 0  # one band per phase segment
     assert badges == [d.label for d in data.devices] == ["training", "idle"]
+    # The palette's colours (views/palette.py) are what the report draws, as every other view does.
+    assert painted and all(bg == _rgb(look(ph).fill) and fg == _rgb(look(ph).ink) for ph, bg, fg in painted)
+    assert bands == [look(s.label).fill for s in data.devices[0].segments]
+    assert lines == [[f"P({ph})", PALETTE[ph].fill] for ph in PHASES]
 
 
 def test_many_devices_all_draw_their_timelines(shared_data: Path, tmp_path: Path) -> None:

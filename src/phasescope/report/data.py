@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from phasescope.classify import decide
+from phasescope.classify import decide, verdict
 from phasescope.errors import PhasescopeError
 from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices, phase_costs
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, device_energy
-from phasescope.schema import PHASES, Trace
+from phasescope.schema import PHASES, Trace, Verdict
 
 TOP_FEATURES = 5  # features listed per segment as its evidence
 
@@ -37,11 +37,8 @@ class DeviceReport:
 
     path: str
     trace: Trace
-    pred: Any | None  # classify.model.WindowPredictions; None when the trace could not be classified
-    segments: list[decide.Segment]
+    verdict: Verdict  # `classify.verdict`'s; unknown without windows when the trace was not classified
     evidence: list[list[FeatureWeight]]  # parallel to `segments`
-    label: str
-    confidence: float
     note: str  # why the trace was not classified, or ""
     stats: dict[str, float]  # whole-trace telemetry KPIs (see `signal_stats`)
     phase_stats: dict[str, dict[str, float]]  # label -> telemetry KPIs inside that label's segments
@@ -50,6 +47,23 @@ class DeviceReport:
     cost: Cost
     phase_cost: dict[str, Cost]
     price_note: str = ""  # how a MIG row's prices are its share of the physical GPU's, or ""
+
+    @property
+    def pred(self) -> Any | None:
+        """The window predictions (classify.model.WindowPredictions); None when not classified."""
+        return self.verdict.windows
+
+    @property
+    def segments(self) -> list[decide.Segment]:
+        return self.verdict.segments
+
+    @property
+    def label(self) -> str:
+        return self.verdict.label
+
+    @property
+    def confidence(self) -> float:
+        return self.verdict.confidence
 
     @property
     def title(self) -> str:
@@ -146,16 +160,6 @@ def segment_evidence(pred: Any, seg: decide.Segment, top: int = TOP_FEATURES) ->
 # --------------------------------------------------------------------------- build
 
 
-def _confidence(segs: Sequence[decide.Segment], label: str) -> float:
-    mine = [s for s in segs if s.label == label and math.isfinite(s.confidence)]
-    total = sum(max(s.duration, 0.0) for s in mine)
-    if not mine:
-        return math.nan
-    if total <= 0:
-        return float(np.mean([s.confidence for s in mine]))
-    return sum(s.confidence * max(s.duration, 0.0) for s in mine) / total
-
-
 def device_report(
     trace: Trace,
     path: str,
@@ -166,24 +170,21 @@ def device_report(
     model_note: str = "",
     price_note: str = "",
 ) -> DeviceReport:
-    pred, segs, note = None, [], model_note
+    v, note = verdict.unclassified(trace, model_note), model_note
     if model is not None:
         try:
-            pred = model.predict_trace(trace)
-            segs = decide.segments(pred)
+            v = verdict.build(trace, model)
         except (PhasescopeError, ValueError) as exc:  # one unclassifiable trace must not sink the report
-            pred, segs, note = None, [], f"not classified: {exc}"
-    label = decide.overall_label(segs)
-    evidence = [segment_evidence(pred, s) for s in segs] if pred is not None else []
+            note = f"not classified: {exc}"
+            v = verdict.unclassified(trace, note)
+    segs = v.segments
+    evidence = [segment_evidence(v.windows, s) for s in segs] if v.windows is not None else []
     energy = device_energy(trace, segs or None, gap_factor=gap_factor)
     return DeviceReport(
         path=path,
         trace=trace,
-        pred=pred,
-        segments=segs,
+        verdict=v,
         evidence=evidence,
-        label=label,
-        confidence=_confidence(segs, label),
         note=note,
         stats=signal_stats(trace),
         phase_stats=_phase_stats(trace, segs),

@@ -16,13 +16,13 @@ from phasescope.report.data import DeviceReport, ReportData
 from phasescope.schema import PHASES, FloatArray, Trace
 from phasescope.views.display import (
     MISSING,
-    PHASE_HEX,
     fmt_bytes,
     fmt_ratio,
     fmt_seconds,
     fmt_usd,
     fmt_watts,
 )
+from phasescope.views.palette import UNKNOWN, look
 
 MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and max
 # Browsers keep about 16 WebGL contexts per page (Chrome, Safari) and drop the oldest beyond that, which
@@ -48,7 +48,7 @@ h1{margin-bottom:.2em} h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bo
 table{border-collapse:collapse;margin:.6em 0 1.2em 0;font-size:.92em}
 td,th{border:1px solid #d6d6d6;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
-.badge{display:inline-block;padding:1px 8px;border-radius:9px;color:#fff;font-weight:600;font-size:.9em}
+.badge{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;font-size:.9em}
 .legend span{margin-right:1em} .note{color:#8a5a00} .ev{font-family:ui-monospace,monospace;font-size:.88em}
 .pos{color:#176b2c} .neg{color:#a11}
 """
@@ -59,10 +59,9 @@ def _e(text: object) -> str:
 
 
 def badge(label: str) -> str:
-    colour = PHASE_HEX.get(label, PHASE_HEX["unknown"])
-    fg = "#000" if label in ("other", "unsegmented") else "#fff"
-    style = f"background:{colour};color:{fg}"
-    return f"<span class='badge' data-phase='{_e(label)}' style='{style}'>{_e(label)}</span>"
+    """A label as the palette draws it: its name on its colour."""
+    p = look(label)
+    return f"<span class='badge' data-phase='{_e(label)}' style='{p.css()}'>{_e(p.name)}</span>"
 
 
 def _num(x: float, digits: int = 2) -> str:
@@ -154,12 +153,12 @@ def _figure(d: DeviceReport, webgl: bool = True) -> Any:
         proba = np.asarray(pred.proba, dtype=np.float64)
         for i, ph in enumerate(PHASES):
             fig.add_trace(go.Scatter(x=_x(centre, wall), y=proba[:, i], name=f"P({ph})", mode="lines",
-                                     line={"color": PHASE_HEX[ph], "width": 1.5}), row=rows, col=1)
+                                     line={"color": look(ph).fill, "width": 1.5}), row=rows, col=1)
         fig.update_yaxes(title_text="P(phase)", range=[0, 1.02], row=rows, col=1, title_font={"size": 11})
     for s in d.segments:
         x0, x1 = _x([s.start, s.end], wall)
         fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, line_width=0,
-                      fillcolor=PHASE_HEX.get(s.label, PHASE_HEX["unknown"]), opacity=0.16, layer="below")
+                      fillcolor=look(s.label).fill, opacity=0.16, layer="below")
     fig.update_layout(height=120 * rows + 90, margin={"l": 60, "r": 20, "t": 20, "b": 30},
                       template="plotly_white", legend={"orientation": "h", "y": 1.02, "x": 0})
     return fig
@@ -239,7 +238,7 @@ def _evidence(d: DeviceReport) -> str:
                 cls = "pos" if fw.weight >= 0 else "neg"
                 items.append(f"<span class='{cls}'>{fw.weight:+.2f}</span> {_e(fw.feature)}")
             why = "<br>".join(items)
-        elif seg.label == "unknown":
+        elif seg.label == UNKNOWN:
             why = _e(_unknown_reason(d, seg) or "the model declined to call these windows")
         else:
             why = MISSING
@@ -302,19 +301,19 @@ def _hooks(data: ReportData) -> str:
     doc = data.hooks
     if not doc:
         return ""
-    from phasescope.instrument.run_report import _rows  # the run summary's own KPI rows
+    from phasescope.views.run_report import kpi_rows  # the run summary's own KPI rows
 
     parts = ["<h2>KPIs from in-process hooks</h2>"]
     for proc in doc.get("processes") or []:
         parts.append(f"<h3>pid {_e(proc['pid'])} on {_e(proc['device'])}</h3>")
-        parts.append(_table(["phase", "KPI", "value"], _rows(proc)))
+        parts.append(_table(["phase", "KPI", "value"], kpi_rows(proc)))
     if not doc.get("processes"):
         parts.append("<p class='note'>The events directory holds no forward or optimizer step.</p>")
     return "\n".join(parts)
 
 
 def _legend() -> str:
-    return "<p class='legend'>" + "".join(f"<span>{badge(p)}</span>" for p in (*PHASES, "unknown")) + "</p>"
+    return "<p class='legend'>" + "".join(f"<span>{badge(p)}</span>" for p in (*PHASES, UNKNOWN)) + "</p>"
 
 
 def render(data: ReportData) -> str:

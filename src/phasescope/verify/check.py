@@ -16,7 +16,6 @@ Rules (fixed before any evaluation, never tuned on reported figures):
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,7 +24,8 @@ import numpy as np
 
 from phasescope.classify import decide
 from phasescope.classify.model import PhaseModel, WindowPredictions
-from phasescope.schema import PHASES, FloatArray, Trace
+from phasescope.classify.verdict import from_windows, take_windows
+from phasescope.schema import Trace
 from phasescope.verify.assurance import assurance_text
 from phasescope.verify.claims import Claim
 from phasescope.verify.coverage import Coverage, coverage
@@ -94,7 +94,7 @@ class WindowVerdict:
 def strict_json(obj: Any) -> Any:
     """NaN/inf -> None, so the dict is strict JSON (and canonical for hashing)."""
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return decide.finite_or_none(obj)
     if isinstance(obj, dict):
         return {str(k): strict_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -102,20 +102,6 @@ def strict_json(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return strict_json(obj.item())
     return obj
-
-
-@dataclass
-class _Windows:
-    """A slice of WindowPredictions (satisfies decide.WindowProbs)."""
-
-    start: FloatArray
-    end: FloatArray
-    proba: FloatArray
-    labels: list[str]
-
-
-def _slice(pred: WindowPredictions, idx: np.ndarray) -> _Windows:
-    return _Windows(pred.start[idx], pred.end[idx], pred.proba[idx], [pred.labels[i] for i in idx])
 
 
 def _drivers(pred: WindowPredictions, idx: np.ndarray, top: int) -> dict[str, float]:
@@ -178,10 +164,10 @@ def _judge(
     we: float,
     p: CheckParams,
 ) -> WindowVerdict:
-    sub = _slice(pred, idx)
-    segs = decide.segments(sub)
-    unknown = decide.unknown_mask(sub) if len(idx) else np.zeros(0, dtype=bool)
-    cov = coverage(trace, ws, we, len(idx), int((~unknown).sum()))
+    sub = take_windows(pred, idx)  # the windows centred in this span, judged as one verdict
+    v = from_windows(trace, sub, (ws, we))
+    segs = v.segments
+    cov = coverage(trace, ws, we, len(idx), int((~decide.unknown_mask(sub)).sum()))
     phase_s: dict[str, float] = {}
     for s in segs:
         phase_s[s.label] = phase_s.get(s.label, 0.0) + max(s.duration, 0.0)
@@ -226,9 +212,7 @@ def _judge(
         if verdict == "consistent":
             if cov.windows == 0 or cov.judged_fraction < p.min_judged:
                 verdict = "unverifiable"
-                why = sorted(
-                    {r for i, r in zip(idx.tolist(), (pred.reasons[i] for i in idx), strict=True) if r}
-                )
+                why = sorted({r for r in sub.reasons if r})
                 reasons.append(
                     f"the model could call only {cov.windows_judged} of {cov.windows} windows"
                     + (f" ({'; '.join(why[:2])})" if why else "")
@@ -247,7 +231,7 @@ def _judge(
         verdict=verdict,
         reasons=reasons,
         phase_seconds=phase_s,
-        probabilities=decide.mean_probabilities(sub) if len(idx) else {ph: float("nan") for ph in PHASES},
+        probabilities=v.probabilities,
         drivers=_drivers(pred, idx, p.top_features),
         alarm_at=alarm,
         coverage=cov,
