@@ -57,6 +57,7 @@ def test_a_metered_gpu_without_a_covered_second_has_an_unknown_energy_cost(tmp_p
     assert row["method"] == "integrated_power" and row["covered_s"] == 0
     assert row["joules"] is None
     assert row["cost"]["energy_usd"] is None  # was 0.0
-    assert row["phase_costs"]["unsegmented"]["energy_usd"] is None
+    # --no-phases: the whole span is not judged, "unknown" (once "unsegmented"; one word in every view)
+    assert set(row["phase_costs"]) == {"unknown"} and row["phase_costs"]["unknown"]["energy_usd"] is None
     text = _run(str(path), "--no-phases", "--price-kwh", "0.12", "--price-gpu-hour", "2")
     assert "– J (– kWh)" in text and "energy $0.00" not in text

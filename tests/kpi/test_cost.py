@@ -100,7 +100,7 @@ def test_per_device_prices(shared_data: Path) -> None:
     dear = {results[0].device: Prices(usd_per_gpu_hour=4.0), results[1].device: Prices(usd_per_gpu_hour=1.0)}
     got = total_cost(results, dear).time_usd
     assert got == pytest.approx(results[0].span_s / 3600 * 4.0 + results[1].span_s / 3600 * 1.0)
-    # Per phase, both devices' (unsegmented) time adds up under the one label, each at its own price.
+    # Per phase, both devices' (unknown: not judged) time adds up under the one label, each at its own price.
     assert phase_costs(results, dear)[UNSEGMENTED].time_usd == pytest.approx(got)
 
 

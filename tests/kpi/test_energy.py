@@ -240,11 +240,25 @@ def test_phases_sum_to_the_total_and_match_the_labelled_span(train: Trace, span:
     assert abs(r.phases["training"].joules - cut) <= edge
 
 
-def test_unclaimed_time_is_unsegmented(train: Trace, span: tuple[float, float]) -> None:
+def test_unclaimed_time_is_unknown(train: Trace, span: tuple[float, float]) -> None:
     r = device_energy(train, [(span[0], span[1], "training")])
     assert set(r.phases) == {"training", UNSEGMENTED}
     assert sum(p.seconds for p in r.phases.values()) == pytest.approx(r.span_s)
     assert sum(p.joules for p in r.phases.values()) == pytest.approx(r.joules, rel=1e-12)
+
+
+def test_unclaimed_time_joins_the_time_the_classifier_called_unknown(
+    train: Trace, span: tuple[float, float]
+) -> None:
+    """Time no segment claims and segments the classifier called unknown are one "unknown" row, the one
+    word every view uses for time not judged: the unclaimed rest adds to it, it does not overwrite it."""
+    t0 = float(train.time[0])
+    r = device_energy(train, [(t0, span[0], "unknown"), (span[0], span[1], "training")])
+    assert UNSEGMENTED == "unknown" and set(r.phases) == {"training", "unknown"}
+    assert r.phases["unknown"].seconds == pytest.approx(r.span_s - (span[1] - span[0]))
+    assert sum(p.seconds for p in r.phases.values()) == pytest.approx(r.span_s)
+    assert sum(p.joules for p in r.phases.values()) == pytest.approx(r.joules, rel=1e-12)
+    assert sum(p.covered_s for p in r.phases.values()) == pytest.approx(r.covered_s, rel=1e-12)
 
 
 def test_segments_from_the_decider_and_plain_tuples_agree(train: Trace, span: tuple[float, float]) -> None:

@@ -16,12 +16,18 @@ from typing import Any
 
 import pytest
 
-from phasescope.serve.page import PHASE_COLOURS
+from phasescope.views.palette import PALETTE, as_json, look
 from tests.serve.conftest import CHROMIUM, MIGRATION_RUN, serve_process, system_tool
 
 REPO = Path(__file__).resolve().parents[2]
 BADGE = 'section.device[data-index="4"] [data-testid="phase-badge"]'
 CHART = 'section.device[data-index="4"] .chart'
+
+
+def _rgb(hex_colour: str) -> str:
+    """A hex colour as getComputedStyle writes it."""
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
 
 
 def sync_playwright_or_skip() -> Any:
@@ -68,7 +74,16 @@ def test_badge_goes_idle_to_training_and_chart_has_data(shared_data: Path, tmp_p
             assert points > 20
             fills = f"() => document.querySelector('{CHART}').layout.shapes.map(s => s.fillcolor)"
             bands = page.evaluate(fills)
-            assert PHASE_COLOURS["idle"] in bands and PHASE_COLOURS["training"] in bands
+            assert PALETTE["idle"].fill in bands and PALETTE["training"].fill in bands
+            assert set(bands) <= {p.fill for p in PALETTE.values()}  # every band in a palette colour
+            # The badge is drawn in the palette's colours (views/palette.py), as every other view draws it.
+            drawn = badge.evaluate("b => [getComputedStyle(b).backgroundColor, getComputedStyle(b).color]")
+            assert drawn == [_rgb(PALETTE["training"].fill), _rgb(PALETTE["training"].ink)]
+            assert page.evaluate("() => CONFIG.palette") == as_json()  # handed in as JSON, not copied
+            for label in ("training+inference", "warming-up", "held_idle"):  # the page's look() is palette's
+                want = look(label)
+                assert page.evaluate(f"() => look({label!r})") == {"name": want.name, "fill": want.fill,
+                                                                    "ink": want.ink}
             assert page.locator(f"{CHART} .main-svg").count() >= 1
             assert page.locator("#totals tbody tr").count() >= 2  # energy and cost per phase
             assert "$" in page.locator("#totals").inner_text()
@@ -86,6 +101,6 @@ def test_badge_goes_idle_to_training_and_chart_has_data(shared_data: Path, tmp_p
             polled.goto(url + "?token=pw-token&transport=poll")
             polled.wait_for_function("() => Number(document.body.dataset.updates || 0) >= 2", timeout=20_000)
             assert polled.evaluate("() => document.body.dataset.transport") == "poll"
-            assert polled.locator(BADGE).text_content() in PHASE_COLOURS
+            assert polled.locator(BADGE).text_content() in {p.name for p in PALETTE.values()}
         finally:
             browser.close()

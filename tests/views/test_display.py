@@ -55,12 +55,3 @@ def test_money_durations_and_si_counts() -> None:
     assert fmt_seconds(600) == "10.0 m" and fmt_seconds(9000) == "2.5 h" and fmt_seconds(math.inf) == MISSING
     assert fmt_si(987) == "987" and fmt_si(40217.3) == "40.2k" and fmt_si(1.35e6) == "1.35M"
     assert fmt_si(0.25) == "0.25" and fmt_si(None) == MISSING
-
-
-def test_phase_palette_covers_every_phase() -> None:
-    from phasescope.schema import PHASES
-    from phasescope.views.display import PHASE_BADGE, PHASE_HEX
-
-    for phase in (*PHASES, "unknown"):
-        assert phase in PHASE_HEX and phase in PHASE_BADGE
-    assert len(set(PHASE_HEX.values())) == len(PHASE_HEX)  # every phase its own colour

@@ -12,13 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rich.console import Console
+from rich.style import Style
 from textual.widgets import DataTable
 
-from phasescope.live.state import COLUMNS, LiveState, feed
+from phasescope.live.loop import feed
+from phasescope.live.state import LiveState
 from phasescope.schema import TickBatch, Trace
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
+from phasescope.views import table
 from phasescope.views.display import MISSING
+from phasescope.views.table import COLUMNS
 from phasescope.views.tui import HelpScreen, TopApp, render_table
 from tests.live_helpers import TRAINING_RUN, ticks, training_traces
 
@@ -207,7 +211,7 @@ def test_a_failing_source_is_a_status_line_not_a_crash(gemm: list[Trace]) -> Non
 
     async def go() -> None:
         async with app.run_test(size=SIZE) as pilot:
-            await _until(pilot, lambda: "sampling stopped" in state.status_line())
+            await _until(pilot, lambda: "sampling stopped" in table.status_line(state))
             await pilot.pause(0.1)
             assert app.is_running and len(_keys(app)) == 2
             assert "NVML: Unknown Error" in str(app.query_one("#status").render())
@@ -286,7 +290,7 @@ def test_phase_badges_from_the_live_classifier_on_a_real_training_run(shared_dat
     """GPU 0 trains GPT-2, GPU 1 idles (labels.csv): after two minutes of ticks the badges say so."""
     from phasescope.live.annotate import Annotator
     from phasescope.live.classify import LiveClassifier
-    from phasescope.views.display import PHASE_BADGE
+    from phasescope.views.palette import PALETTE
     from phasescope.views.tui import styled_cells
 
     traces = training_traces(shared_data)
@@ -308,7 +312,14 @@ def test_phase_badges_from_the_live_classifier_on_a_real_training_run(shared_dat
             assert 50 <= conf <= 100
             row = next(r for r in app.shown_rows if r.key == train)
             badge = styled_cells(row)[[c.key for c in COLUMNS].index("phase")]
-            assert str(badge.style) == PHASE_BADGE["training"]
+            assert str(badge.style) == PALETTE["training"].terminal
+            # the colours the terminal gets are the palette's, the ones every other view draws
+            style = Style.parse(str(badge.style))
+            assert style.bgcolor is not None and style.bgcolor.triplet is not None
+            assert style.bgcolor.triplet.hex == PALETTE["training"].fill
+            idle_row = next(r for r in app.shown_rows if r.key == idle)
+            idle_badge = styled_cells(idle_row)[[c.key for c in COLUMNS].index("phase")]
+            assert str(idle_badge.style) == PALETTE["idle"].terminal
             await pilot.press("s")  # sort by phase: training before idle
             assert app.sort == "phase" and _keys(app) == [train, idle]
             await pilot.press("slash", *"idle", "enter")  # filter by phase name
@@ -324,7 +335,8 @@ def test_idle_but_held_pod_stands_out(shared_data: Path) -> None:
     the pod holding 17 GiB at 0% for 45 minutes is flagged, the one serving bursts is not."""
     from phasescope.live.annotate import Annotator
     from phasescope.live.classify import LiveClassifier
-    from phasescope.live.state import IDLE_HELD
+    from phasescope.views.palette import HELD_IDLE, PALETTE
+    from phasescope.views.table import IDLE_HELD
     from phasescope.views.tui import IDLE_HELD_STYLE, styled_cells
 
     pods = _pods(shared_data)
@@ -342,7 +354,7 @@ def test_idle_but_held_pod_stands_out(shared_data: Path) -> None:
         async with app.run_test(size=SIZE) as pilot:
             assert IDLE_HELD in _cells(app, held)["info"] and IDLE_HELD not in _cells(app, busy)["info"]
             row = next(r for r in app.shown_rows if r.key == held)
-            assert str(styled_cells(row)[0].style) == IDLE_HELD_STYLE
+            assert str(styled_cells(row)[0].style) == IDLE_HELD_STYLE == PALETTE[HELD_IDLE].terminal
             assert f"{IDLE_HELD}: " in str(app.query_one("#status").render())
             await pilot.press("slash", *"idle-held", "enter")
             assert _keys(app) == [held]
@@ -388,9 +400,9 @@ def test_hook_kpis_show_per_phase(hook_events: tuple[Path, dict[str, int]],
     from phasescope.instrument.events import load_events
     from phasescope.kpi.run_summary import summarize
     from phasescope.live.annotate import HookKpiReader
-    from phasescope.live.state import kpi_text
     from phasescope.schema import ProcessSample
     from phasescope.sources.host import HostSource
+    from phasescope.views.table import kpi_text
 
     events_dir, pids = hook_events
     monkeypatch.setenv("XDG_CACHE_HOME", str(events_dir.parent / "cache"))
@@ -438,16 +450,20 @@ def test_energy_and_cost_so_far(shared_data: Path) -> None:
 
     traces = training_traces(shared_data)
     n = 200
+    from phasescope.live.loop import TickLoop
+    from phasescope.sources.replay_live import ReplaySource
+
     state = LiveState("replay", prices=Prices(usd_per_gpu_hour=3.6, usd_per_kwh=None))
+    loop = TickLoop(ReplaySource(traces), 1.0, state)
     for batch in ticks(traces, 0, n):
-        state.ingest(batch)
+        loop.on_tick(batch)
     batch_j = device_energy(traces[0].take(slice(0, n))).joules  # the offline method on the same samples
-    live_j = state.energy.meters[traces[0].device.uuid].joules
+    live_j = loop.energy.meters[traces[0].device.uuid].joules
     assert live_j == pytest.approx(batch_j, rel=1e-6) and live_j > 0
     span = traces[0].time[n - 1] - traces[0].time[0]
-    row = state.rows()[0]
+    row = table.rows(state)[0]
     assert row.cells["energy"] == f"{live_j / 3.6e6:.3f} kWh · {fmt_usd(span / 3600 * 3.6)}"
-    assert "energy " in state.status_line() and "$" in state.status_line()
+    assert "energy " in table.status_line(state) and "$" in table.status_line(state)
 
 
 def test_screenshot_is_an_svg_of_the_live_table(shared_data: Path, tmp_path: Path) -> None:
@@ -524,8 +540,8 @@ def _preloaded(shared_data: Path, tmp_path: Path) -> tuple[list[Trace], LiveStat
 
 def test_history_from_the_live_store_is_on_the_first_frame(shared_data: Path, tmp_path: Path) -> None:
     """Before any live sample: sparklines, current values and the row order come from the store."""
-    from phasescope.live.state import SPARK_WIDTH
     from phasescope.views.display import fmt_ratio, sparkline
+    from phasescope.views.table import SPARK_WIDTH
 
     traces, state, lo, hi = _preloaded(shared_data, tmp_path)
     app = TopApp(state, None)

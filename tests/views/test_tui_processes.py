@@ -18,7 +18,8 @@ import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 
-from phasescope.live.state import LiveState, feed
+from phasescope.live.loop import feed
+from phasescope.live.state import LiveState
 from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
 from phasescope.sources.host import HostSource
 from phasescope.views.tui import ConfirmScreen, TopApp, _natural_width, render_table

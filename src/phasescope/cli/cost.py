@@ -25,6 +25,7 @@ from phasescope.kpi.cost import (
 from phasescope.kpi.energy import DeviceEnergy, device_energy
 from phasescope.schema import Trace
 from phasescope.views.display import MISSING, fmt_usd
+from phasescope.views.palette import look
 
 # Also used by `report` and `top`.
 _price_options = price_options(
@@ -303,8 +304,8 @@ def energy_cmd(
         if note:
             click.echo(f"  whole trace only: {note}")
         for name, pe in sorted(r.phases.items(), key=lambda kv: -kv[1].seconds):
-            click.echo(
-                f"  {name:<12} {_joules(pe.measured_joules):>14} J  {pe.seconds:>9,.0f} s  "
+            click.echo(  # the palette's word for the label, as every view writes it
+                f"  {look(name).name:<12} {_joules(pe.measured_joules):>14} J  {pe.seconds:>9,.0f} s  "
                 f"coverage {_pct(pe.coverage)}"
                 + _cost_text(by_phase[name])
             )

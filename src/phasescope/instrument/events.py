@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phasescope.errors import InputError
+from phasescope.identity import host_name
 
 ROW = 8  # kind, t, a, b, c, d, flags, e
 ROW_V1 = 7  # version 1 logs: no `e` column, a forward written as FWD_BEGIN + FWD_END rows
@@ -47,6 +47,9 @@ MODULE_TRAINING = 4
 TOKEN_INPUT = 8  # first input is an integer tensor of token IDs, shape (batch, seq, ...)
 HAS_GRAPH = 16  # output carries an autograd graph (grad_fn)
 RAISED = 32  # the forward raised an exception
+# Not a forward of its own (a loss or metric module, or a module called on a forward's output): the module
+# holds no state, or its first input carries an autograd graph. Its time is work; it is no forward, no batch.
+DOWNSTREAM = 64
 
 EVENTS_DIR_ENV = "PHASESCOPE_EVENTS_DIR"
 FLUSH_ENV = "PHASESCOPE_FLUSH_S"
@@ -55,7 +58,7 @@ VERSION = 2  # 1: seven columns, FWD_BEGIN / FWD_END rows (still read)
 
 
 def device_for_host() -> str:
-    return f"host:{socket.gethostname()}"
+    return f"host:{host_name()}"
 
 
 class EventBuffer:

@@ -16,6 +16,9 @@
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
 - `register_optimizer_step_pre_hook` / `register_optimizer_step_post_hook`: one optimizer step = one step.
+- A root call is flagged DOWNSTREAM, no forward of its own and no batch (timeline.py keeps it as work only),
+  when its module holds no state (no parameters, buffers or state dict: a loss, metric or activation module)
+  or its first input carries an autograd graph (called on a forward's output: `criterion(model(x), y)`).
 - Once per run (on one sampled step) `FlopCounterMode` counts that step's FLOPs and the optimizer's
   parameter / gradient / state bytes are summed; once per root module, `saved_tensors_hooks` measures
   the activations autograd keeps for one grad-enabled forward.
@@ -48,6 +51,7 @@ _RAISED: Any = object()  # sentinel: torch called the forward hook on the except
 _FWD = ev.FWD
 _GRAD_ENABLED, _INFERENCE_MODE, _MODULE_TRAINING = ev.GRAD_ENABLED, ev.INFERENCE_MODE, ev.MODULE_TRAINING
 _TOKEN_INPUT, _HAS_GRAPH, _RAISED_FLAG = ev.TOKEN_INPUT, ev.HAS_GRAPH, ev.RAISED
+_DOWNSTREAM = ev.DOWNSTREAM
 is_grad_enabled = torch.is_grad_enabled
 is_inference_mode_enabled = torch.is_inference_mode_enabled
 # True while torch.compile traces: the slot then only calls through, and the global hooks run their eager
@@ -136,6 +140,14 @@ def _cuda_uuid(device: torch.device) -> str:
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
+def _has_state(module: torch.nn.Module) -> bool:
+    """Whether the module saves any state (True when its state dict cannot be taken: it counts as a model)."""
+    try:
+        return bool(module.state_dict())
+    except Exception:
+        return True
+
+
 def _tensor_bytes(t: Tensor) -> int:
     return int(t.numel() * t.element_size())
 
@@ -200,6 +212,7 @@ class Recorder:
         self._unsampled: set[int] = set()  # roots whose activation memory is still to be measured
         self._root_refs: list[weakref.ReferenceType[torch.nn.Module]] = []
         self.roots: list[dict[str, Any]] = []
+        self._stateless: list[bool] = []  # per root: holds no state (its calls are DOWNSTREAM, not forwards)
         self._opts: dict[int, int] = {}
         self._opt_refs: list[weakref.ReferenceType[torch.optim.Optimizer]] = []
         self.optimizers: list[dict[str, Any]] = []
@@ -514,8 +527,12 @@ class Recorder:
             if type(batch) is not int or type(seq) is not int:  # a jagged tensor's nested (symbolic) length
                 batch = batch if type(batch) is int else 0
                 seq = seq if type(seq) is int else 0
+        if self._stateless[st.rid]:
+            flags |= _DOWNSTREAM
         if is_grad_enabled():
             flags |= _GRAD_ENABLED
+            if x is not None and x.grad_fn is not None:  # called on a forward's output (a loss module)
+                flags |= _DOWNSTREAM
             if out is not None:  # no grad mode, no graph: skip the search on the inference hot path
                 node = _graph_of(out)
                 if node is not None:
@@ -557,9 +574,15 @@ class Recorder:
                 device, dtype = p.device, str(p.dtype).replace("torch.", "")
         sensitive = sorted({type(m).__name__ for m in module.modules() if isinstance(m, _MODE_SENSITIVE)
                             and (getattr(m, "p", 1.0) > 0 and getattr(m, "track_running_stats", True))})
+        # No parameters, buffers or saved state (a loss, metric or activation module): it learns and serves
+        # nothing of its own, so its calls are not forwards (a quantized model keeps packed weights in its
+        # state dict, not in parameters, and stays a model).
+        stateless = (device is None and next(module.buffers(), None) is None
+                     and not _has_state(module))
         self.roots.append({"name": type(module).__name__, "params": n_params, "param_bytes": param_bytes,
                            "dtype": dtype, "device": str(device) if device is not None else "",
-                           "mode_sensitive_layers": sensitive, "saved_bytes": None})
+                           "mode_sensitive_layers": sensitive, "saved_bytes": None, "stateless": stateless})
+        self._stateless.append(stateless)
         self._unsampled.add(rid)
         self._root_refs.append(weakref.ref(module))
         self._hooked.append(self._slot_root(module, rid))

@@ -1,6 +1,8 @@
 """From raw hook rows to tables (forwards, backward passes, optimizer steps) and a phase timeline.
 
 Rules (exact, from what the hooks saw):
+- a root call flagged DOWNSTREAM (a module holding no state, or one called on a forward's output: a loss or
+  metric module) is no forward and carries no batch; its time is kept as work (`x_t0`, `x_t1`);
 - a forward is *trained* when a backward pass reached its output graph;
 - a step window runs from the first trained forward after the previous step of the main optimizer to the
   end of this step; everything in it (teacher forwards, loss, backward, step) is training work;
@@ -61,6 +63,9 @@ class Timeline:
     f_flags: I64
     f_trained: B
     f_in_window: B
+    # calls that are no forward of their own (DOWNSTREAM: loss and metric modules), as work intervals
+    x_t0: F64
+    x_t1: F64
     # backward passes
     b_t0: F64
     b_t1: F64
@@ -122,6 +127,9 @@ def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0, now: float | None = No
     kind = rows[:, 0]
     fwd = _forward_rows(rows, kind)
     fwd = fwd[np.lexsort((fwd[:, 3], fwd[:, 1]))]  # written in end order; kept in start order (then index)
+    down = (fwd[:, 6].astype(np.int64) & ev.DOWNSTREAM) != 0
+    x_t0, x_t1 = fwd[down, 1], fwd[down, 7]
+    fwd = fwd[~down]
     idx, t0, t1 = fwd[:, 3].astype(np.int64), fwd[:, 1], fwd[:, 7]
     trained_ids = np.unique(rows[kind == ev.BWD_FWD, 2].astype(np.int64))
     trained = np.isin(idx, trained_ids)
@@ -170,7 +178,7 @@ def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0, now: float | None = No
         pid=pe.pid, device=pe.device, wall_offset=pe.wall_offset, meta=pe.meta,
         f_idx=idx, f_root=fwd[:, 2].astype(np.int64), f_t0=t0, f_t1=t1,
         f_batch=fwd[:, 4], f_seq=fwd[:, 5], f_flags=fwd[:, 6].astype(np.int64),
-        f_trained=trained, f_in_window=in_window, b_t0=b_t0, b_t1=b_t1,
+        f_trained=trained, f_in_window=in_window, x_t0=x_t0, x_t1=x_t1, b_t0=b_t0, b_t1=b_t1,
         o_id=o_id, o_step=o_step, o_t0=o_t0, o_t1=o_t1, main_opt=main_opt,
         w_t0=w_t0, w_t1=w_t1, w_flop_sampled=sampled,
     )

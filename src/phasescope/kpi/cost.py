@@ -231,7 +231,7 @@ def device_cost(result: DeviceEnergy, prices: Prices) -> Cost:
 def phase_costs(results: Iterable[DeviceEnergy], prices: Prices | Mapping[str, Prices]) -> dict[str, Cost]:
     """Cost per phase label, summed over devices. `prices`: one Prices, or a map device uuid -> Prices.
 
-    A device without phase segments counts whole under ``unsegmented``, so the labels sum to `total_cost`.
+    A device without phase segments counts whole under ``unknown``, so the labels sum to `total_cost`.
     """
     out: dict[str, Cost] = {}
     for r in results:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from phasescope.classify.decide import UNKNOWN, finite_or_none
 from phasescope.features import sample_interval
 from phasescope.schema import SIGNAL_NAMES, FloatArray, Trace
 
@@ -36,8 +37,9 @@ Method = Literal["counter", "integrated_power", "none"]
 DEFAULT_GAP_FACTOR = 3.0
 # Live meters without a given interval learn the sample period from this many most recent tick spacings.
 PERIOD_TICKS = 600
-# Time no phase segment claims, when segments are given.
-UNSEGMENTED = "unsegmented"
+# Time no phase segment claims, when segments are given: not judged, so "unknown", the one word every view
+# uses for it (views/palette.py); it adds to the time the classifier itself called unknown.
+UNSEGMENTED = UNKNOWN
 J_PER_KWH = 3.6e6
 
 
@@ -123,8 +125,8 @@ class PhaseEnergy(_EnergyFigures):
             "kwh": self.measured_kwh,
             "seconds": self.seconds,
             "covered_s": self.covered_s,
-            "coverage": _json_float(self.coverage),
-            "mean_power_w": _json_float(self.mean_power_w),
+            "coverage": finite_or_none(self.coverage),
+            "mean_power_w": finite_or_none(self.mean_power_w),
         }
 
 
@@ -150,7 +152,7 @@ class DeviceEnergy(_EnergyFigures):
         return max(self.span_s - self.covered_s, 0.0)
 
     def phases_or_whole(self) -> dict[str, PhaseEnergy]:
-        """`phases`, or the whole trace under ``unsegmented`` when no segments were given."""
+        """`phases`, or the whole trace under ``unknown`` when no segments were given."""
         return self.phases or {
             UNSEGMENTED: PhaseEnergy(UNSEGMENTED, self.joules, self.span_s, self.covered_s)
         }
@@ -165,15 +167,11 @@ class DeviceEnergy(_EnergyFigures):
             "span_s": self.span_s,
             "covered_s": self.covered_s,
             "uncovered_s": self.uncovered_s,
-            "coverage": _json_float(self.coverage),
-            "mean_power_w": _json_float(self.mean_power_w),
+            "coverage": finite_or_none(self.coverage),
+            "mean_power_w": finite_or_none(self.mean_power_w),
             "resets": self.resets,
             "phases": {k: v.to_dict() for k, v in self.phases.items()},
         }
-
-
-def _json_float(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------- the cumulative curve
@@ -289,7 +287,7 @@ def device_energy(
 ) -> DeviceEnergy:
     """Energy of one trace, and per phase label when `segments` ((start, end, label) or Segments) are given.
 
-    Time no segment claims goes under the label ``unsegmented``, so phases always sum to the total.
+    Time no segment claims goes under the label ``unknown``, so phases always sum to the total.
     """
     curve = energy_curve(trace, gap_factor=gap_factor, max_gap_s=max_gap_s, method=method)
     span_s = trace.duration()
@@ -319,6 +317,10 @@ def device_energy(
             UNSEGMENTED, total_j - claimed[0], max(span_s - claimed[1], 0.0), covered - claimed[2]
         )
         if rest.seconds > 1e-9 or abs(rest.joules) > 1e-6:
+            judged = phases.get(UNSEGMENTED)
+            if judged is not None:  # segments the classifier called unknown: one row with the rest
+                rest = PhaseEnergy(UNSEGMENTED, judged.joules + rest.joules, judged.seconds + rest.seconds,
+                                   judged.covered_s + rest.covered_s)
             phases[UNSEGMENTED] = rest
     return DeviceEnergy(
         trace.device.uuid, trace.device.name, curve.method, total_j, span_s, covered, curve.resets, phases
@@ -345,7 +347,7 @@ def energy_per_device(
 
 def totals_by_phase(results: Iterable[DeviceEnergy]) -> dict[str, PhaseEnergy]:
     """Phase energies summed over devices (seconds are device-seconds); a device without segments counts
-    whole under ``unsegmented``, so the labels always sum to the fleet total."""
+    whole under ``unknown``, so the labels always sum to the fleet total."""
     acc: dict[str, list[float]] = {}
     for r in results:
         for label, p in r.phases_or_whole().items():

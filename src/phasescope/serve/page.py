@@ -5,7 +5,8 @@ plotly.js, polling `/api/update` instead where the stream cannot open (no EventS
 plotly.js is served from the installed `plotly` wheel (`/static/plotly.min.js`), so nothing is vendored here.
 Each update carries only the chart points newer than the last one the page holds (the stream keeps that
 point itself, and gets it back as Last-Event-ID on a reconnect; a poll sends `?since=`), the current state
-and the phase bands, not the whole history again.
+and the phase bands, not the whole history again. Phase names and colours are views/palette.py's, handed
+to the script as JSON (`CONFIG.palette`), so the page keeps no colour table of its own.
 """
 
 from __future__ import annotations
@@ -13,13 +14,7 @@ from __future__ import annotations
 import html
 import json
 
-PHASE_COLOURS = {
-    "training": "#e4572e",
-    "inference": "#2e86de",
-    "other": "#8e44ad",
-    "idle": "#7f8c8d",
-    "unknown": "#b8c2cc",
-}
+from phasescope.views.palette import HELD_IDLE, PALETTE, as_json
 
 _TEMPLATE = """<!doctype html>
 <html lang="en">
@@ -40,7 +35,7 @@ _TEMPLATE = """<!doctype html>
  table { border-collapse: collapse; font-size: 13px; }
  td, th { padding: 3px 10px 3px 0; text-align: right; }
  td:first-child, th:first-child { text-align: left; }
- .badge { display: inline-block; padding: 2px 10px; border-radius: 10px; color: #fff; font-weight: 600; }
+ .badge { display: inline-block; padding: 2px 10px; border-radius: 10px; font-weight: 600; }
  .kpis { display: flex; flex-wrap: wrap; gap: 8px 18px; margin: 6px 0; font-size: 13px; }
  .kpis b { font-size: 15px; }
  .hook-kpis { display: flex; flex-wrap: wrap; gap: 4px 18px; margin: 2px 0 6px; font-size: 13px; }
@@ -48,7 +43,7 @@ _TEMPLATE = """<!doctype html>
  .hook-kpis .who { color: #667; }
  .device-head { display: flex; gap: 12px; align-items: baseline; flex-wrap: wrap; }
  .muted { color: #667; font-size: 12px; }
- .held { color: #c0392b; font-weight: 600; }
+ .held { color: __HELD__; font-weight: 600; }
  .alarm { display: inline-block; padding: 2px 10px; border-radius: 10px; background: #c0392b; color: #fff; font-weight: 600; }
  .alarm:empty { display: none; }
  .chart { height: 300px; }
@@ -67,7 +62,7 @@ _TEMPLATE = """<!doctype html>
 <script src="__PLOTLY__"></script>
 <script>
 const CONFIG = __CONFIG__;
-const COLOURS = CONFIG.colours;
+const PALETTE = CONFIG.palette;  // views/palette.py: label -> {name, fill, ink}
 const hist = {};       // uuid -> {t: [...], <signal>: [...], bands: [...]}
 const cards = {};      // uuid -> DOM elements of its card
 let since = null;
@@ -99,9 +94,18 @@ function phaseKpis(k, who) {
   const head = who ? `<span class="who">${esc(who)}</span>` : "";
   return `<span data-kpis="${esc(who || "device")}">${head} ` + parts.map(([n, v]) => `${n} <b>${v}</b>`).join(" · ") + "</span>";
 }
-// A hooks label such as "training+inference" takes its first phase's colour.
-function colour(p) { return COLOURS[p] || COLOURS[String(p).split("+")[0]] || "#999"; }
 function esc(s) { return String(s).replace(/[&<>"]/g, ch => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[ch])); }
+// A label's look, as palette.look says it: a hooks label such as "training+inference" takes its first
+// phase's colours under its own name; a label the palette lacks looks like unknown.
+function look(p) {
+  const k = String(p);
+  if (PALETTE[k]) return PALETTE[k];
+  return {...(PALETTE[k.split("+")[0]] || PALETTE.unknown), name: k};
+}
+function badge(p) {
+  const l = look(p);
+  return `<span class="badge" data-phase="${esc(p)}" style="background:${l.fill};color:${l.ink}">${esc(l.name)}</span>`;
+}
 
 function card(dev) {
   if (cards[dev.uuid]) return cards[dev.uuid];
@@ -129,9 +133,11 @@ function card(dev) {
 function drawDevice(dev, now) {
   const c = card(dev);
   const ph = dev.phase ? dev.phase.phase : "unknown";
-  c.badge.textContent = ph;
+  const l = look(ph);
+  c.badge.textContent = l.name;
   c.badge.dataset.phase = ph;
-  c.badge.style.background = colour(ph);
+  c.badge.style.background = l.fill;
+  c.badge.style.color = l.ink;
   // The onset alarm fires before the badge turns to training; alarm_at is on the data clock, like now.
   const al = dev.phase && dev.phase.training_alarm ? dev.phase.alarm_at : undefined;
   c.alarm.textContent = al === undefined ? "" : "⚑ training started"
@@ -142,7 +148,7 @@ function drawDevice(dev, now) {
     : dev.phase.source === "hooks" ? "from hooks (exact)"
     : (dev.phase.confidence !== null ? "confidence " + dev.phase.confidence.toFixed(2) : "") + held;
   c.since.textContent = dev.phase && dev.phase.since !== null && now !== null ? "for " + dur(now - dev.phase.since) : "";
-  c.held.textContent = dev.lost ? "NO DATA" : (dev.idle_held ? "idle but held" : "");
+  c.held.textContent = dev.lost ? "NO DATA" : (dev.idle_held ? PALETTE.held_idle.name : "");
   const v = dev.latest;
   const kpis = [
     ["util", fmt(v.gpu_util === undefined ? null : v.gpu_util * 100, " %")],
@@ -163,7 +169,7 @@ function drawDevice(dev, now) {
   // /api/state's `measured` (kpi/energy.py's rule), e.g. false on a host: time per phase, no power to integrate.
   const metered = dev.energy.measured;
   const rows = Object.entries(dev.energy.phases).map(([p, e]) =>
-    `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
+    `<tr><td>${badge(p)}</td>` +
     `<td>${dur(e.seconds)}</td><td>${metered ? energy(e.joules) : "– kWh"}</td><td>${usd(e.cost, dev.priced)}</td></tr>`);
   c.energy.innerHTML = rows.join("") || "<tr><td colspan=4 class=muted>no energy yet</td></tr>";
   c.method.textContent = (metered ? "energy from " + dev.energy.method.replace("_", " ")
@@ -194,7 +200,7 @@ function plot(uuid) {
   ];
   const shapes = h.bands.map(([a, b, p]) => ({
     type: "rect", xref: "x", yref: "paper", x0: new Date(a * 1000), x1: new Date(b * 1000), y0: 0, y1: 1,
-    fillcolor: COLOURS[p] || "#999", opacity: 0.18, line: {width: 0}, layer: "below",
+    fillcolor: look(p).fill, opacity: 0.18, line: {width: 0}, layer: "below",
   }));
   const layout = {
     margin: {l: 40, r: 50, t: 10, b: 30}, showlegend: true, legend: {orientation: "h", y: 1.12},
@@ -209,7 +215,7 @@ function drawTotals(s) {
   const body = document.querySelector("#totals tbody");
   const metered = s.devices.some(d => d.energy.measured);
   body.innerHTML = Object.entries(s.totals).map(([p, t]) =>
-    `<tr><td><span class="badge" style="background:${colour(p)}">${esc(p)}</span></td>` +
+    `<tr><td>${badge(p)}</td>` +
     `<td>${dur(t.seconds)}</td><td>${metered ? energy(t.joules) : "– kWh"}</td><td>${!s.devices.some(d => d.priced) ? "not priced" : t.usd === null ? "–" : "$" + t.usd.toFixed(4)}</td></tr>`
   ).join("") || "<tr><td colspan=4 class=muted>no samples yet</td></tr>";
   document.getElementById("pricing").textContent = CONFIG.pricing;
@@ -276,11 +282,13 @@ follow();
 
 
 def render(title: str, plotly_src: str, config: dict[str, object]) -> str:
-    """The page, with its settings inlined as JSON (`</` escaped so no value can close the script)."""
-    cfg = dict(config, colours=PHASE_COLOURS)
+    """The page, with its settings and the phase palette inlined as JSON (`</` escaped so no value can
+    close the script)."""
+    cfg = dict(config, palette=as_json())
     blob = json.dumps(cfg).replace("</", "<\\/")
     return (
         _TEMPLATE.replace("__TITLE__", html.escape(title))
+        .replace("__HELD__", PALETTE[HELD_IDLE].fill)
         .replace("__PLOTLY__", html.escape(plotly_src))
         .replace("__CONFIG__", blob)
     )

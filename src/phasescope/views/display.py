@@ -115,26 +115,6 @@ def sparkline(values: FloatArray, width: int, lo: float | None = None, hi: float
     return pad + "".join(_BLOCKS[i] if i >= 0 else " " for i in level.tolist())
 
 
-# One colour per phase, shared by the TUI badge, the report and anything else that draws phases.
-PHASE_HEX: dict[str, str] = {
-    "training": "#d62728",
-    "inference": "#1f8fd1",
-    "other": "#d9a300",
-    "idle": "#8c8c8c",
-    "unknown": "#a259c4",
-    "unsegmented": "#c9c9c9",  # time no phase segment claims (report, energy tables)
-}
-# Rich styles for a badge: readable text on the phase's colour.
-PHASE_BADGE: dict[str, str] = {
-    "training": "bold white on #d62728",
-    "inference": "bold white on #1f8fd1",
-    "other": "bold black on #d9a300",
-    "idle": "white on #5a5a5a",
-    "unknown": "bold white on #a259c4",
-    "unsegmented": "black on #c9c9c9",
-}
-
-
 def fmt_usd(value: float | None) -> str:
     """Dollars; small amounts keep three significant digits ($0.0000449, not $0.00)."""
     if not _finite(value):

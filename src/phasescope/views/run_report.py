@@ -1,4 +1,7 @@
-"""How `phasescope run` shows its summary: a rich table on the terminal and a self-contained HTML page."""
+"""How `phasescope run` shows its summary: a rich table on the terminal and a self-contained HTML page.
+
+Phases are drawn in the palette's colours and words (views/palette.py), as every other view draws them.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
+
+from phasescope.views.palette import look
 
 
 def _fmt(value: Any, unit: str = "") -> str:
@@ -112,7 +118,8 @@ def telemetry_rows(tel: dict[str, Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def _rows(proc: dict[str, Any]) -> list[tuple[str, str, str]]:
+def kpi_rows(proc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(phase, KPI, value) rows of one process's hook KPIs (also `phasescope report`'s hooks section)."""
     out: list[tuple[str, str, str]] = []
     generation = (proc.get("inference") or {}).get("generation")
     for phase, spec, kpis in (("training", TRAINING_ROWS, proc.get("training")),
@@ -132,12 +139,14 @@ def print_summary(doc: dict[str, Any], console: Console) -> None:
         for col in ("phase", "duration", "steps", "forwards"):
             seg.add_column(col)
         for s in proc["segments"]:
-            seg.add_row(s["phase"], _fmt(s["duration_s"], "s"), str(s["steps"]), str(s["forwards"]))
+            p = look(s["phase"])
+            seg.add_row(Text(f" {p.name} ", style=p.terminal), _fmt(s["duration_s"], "s"), str(s["steps"]),
+                        str(s["forwards"]))
         console.print(seg)
         kpi = Table(title="KPIs", title_justify="left")
         for col in ("phase", "KPI", "value"):
             kpi.add_column(col)
-        for row in _rows(proc):
+        for row in kpi_rows(proc):
             kpi.add_row(*row)
         console.print(kpi)
         for w in proc["warnings"]:
@@ -165,13 +174,24 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f3f3f3}.warn{color:#a60}
 .bar{display:flex;height:22px;width:100%;border:1px solid #ccc}.bar div{height:100%}
-.training{background:#3b7dd8}.inference{background:#2ca25f}.idle{background:#ddd}"""
+.badge{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600}"""
 
 
-def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]], badge_first: bool = False) -> str:
+    """A table, cells escaped; `badge_first`: the first column holds phase labels, drawn as badges."""
     h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_badge(c) if badge_first and i == 0 else html.escape(str(c))}</td>"
+                         for i, c in enumerate(r)) + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{h}</tr>{body}</table>"
+
+
+def _badge(label: str) -> str:
+    p = look(label)
+    return (f"<span class='badge' data-phase='{html.escape(label, quote=True)}' style='{p.css()}'>"
+            f"{html.escape(p.name)}</span>")
 
 
 def render_html(doc: dict[str, Any]) -> str:
@@ -188,13 +208,17 @@ def render_html(doc: dict[str, Any]) -> str:
         if segs:
             t0, t1 = segs[0]["start"], segs[-1]["end"]
             span = max(t1 - t0, 1e-9)
-            bar = "".join(f"<div class='{s['phase']}' title='{s['phase']} {s['duration_s']:.3f} s' "
-                          f"style='width:{100 * s['duration_s'] / span:.3f}%'></div>" for s in segs)
+            bar = "".join(
+                f"<div data-phase='{html.escape(s['phase'], quote=True)}' "
+                f"title='{html.escape(look(s['phase']).name, quote=True)} {s['duration_s']:.3f} s' "
+                f"style='width:{100 * s['duration_s'] / span:.3f}%;background:{look(s['phase']).fill}'></div>"
+                for s in segs
+            )
             parts.append(f"<div class='bar'>{bar}</div>")
         parts.append(_table(("phase", "duration", "steps", "forwards"),
                             [(s["phase"], _fmt(s["duration_s"], "s"), str(s["steps"]), str(s["forwards"]))
-                             for s in segs]))
-        parts.append(_table(("phase", "KPI", "value"), _rows(proc)))
+                             for s in segs], badge_first=True))
+        parts.append(_table(("phase", "KPI", "value"), kpi_rows(proc)))
         for w in proc["warnings"]:
             code, msg = html.escape(w["code"]), html.escape(w["message"])
             parts.append(f"<p class='warn'>warning ({code}): {msg}</p>")

@@ -1,5 +1,5 @@
 """The live views over `LiveState`: a full-screen textual app (keyboard only, fine over SSH) and a plain
-rich table for scripts. Both are thin: every number and string comes from `live_state`.
+rich table for scripts. Both are thin: every number and string comes from views/table.py.
 """
 
 from __future__ import annotations
@@ -19,18 +19,21 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from phasescope.live.state import COLUMNS, IDLE_HELD, SORT_KEYS, LiveState, Row, process_detail
+from phasescope.live.state import LiveSnapshot, LiveState
 from phasescope.sources.host import signal_process
-from phasescope.views.display import MISSING, PHASE_BADGE, ellipsize, printable
+from phasescope.views.display import MISSING, ellipsize, printable
+from phasescope.views.palette import HELD_IDLE, PALETTE, look
+from phasescope.views.table import COLUMNS, IDLE_HELD, SORT_KEYS, Row, process_detail, status_line
+from phasescope.views.table import rows as table_rows
 
-HELP_TEXT = """\
+HELP_TEXT = f"""\
 [b]phasescope top[/b]: one row per device, its processes as sub-rows (└).
 
 Phase is the live classifier's call on the last minute, with its confidence ([b](held)[/b]: the newest
 minute could not be judged, so the phase and % are the last judged ones); Phase KPIs are step time,
 samples/s and MFU for training, requests/s and p50/p99 latency for inference (from hooks: --events,
 or a serving engine's /metrics: --scrape). Energy · cost is so far, at the configured prices.
-A device in [b black on yellow] IDLE·HELD [/] is idle while a process (or its memory) holds it.
+A device in [{PALETTE[HELD_IDLE].terminal}] IDLE·HELD [/] is idle while a process (or its memory) holds it.
 
   [b]s[/b]        cycle the sort column: order, phase, util, mem, power, temp, name
   [b]/[/b]        filter rows (device, uuid, process name, pid, user or command line, a phase,
@@ -191,7 +194,7 @@ class TopApp(App[None]):
         cursor = self.cursor_row()
         selected = cursor.key if cursor is not None else None
         scroll = (table.scroll_x, table.scroll_y)
-        rows = self.state.rows(self.sort, self.filter_text)
+        rows = table_rows(self.state, self.sort, self.filter_text)
         table.clear()  # which also scrolls home
         for row in rows:
             table.add_row(*styled_cells(row), key=row.key)
@@ -293,7 +296,7 @@ class TopApp(App[None]):
         self.redraw()
 
 
-IDLE_HELD_STYLE = "bold black on yellow"
+IDLE_HELD_STYLE = PALETTE[HELD_IDLE].terminal  # the palette's held-idle colour, as on the fleet page
 
 
 def header_text(sort: str, filter_text: str = "", web_url: str | None = None) -> str:
@@ -305,18 +308,18 @@ def header_text(sort: str, filter_text: str = "", web_url: str | None = None) ->
     return " · ".join(parts)
 
 
-def status_text(state: LiveState, filter_text: str, rows_shown: int) -> str:
+def status_text(state: LiveState | LiveSnapshot, filter_text: str, rows_shown: int) -> str:
     """The status line; first, when a filter hides every row of a sampled table, that it does (an empty
     table alone reads as "nothing running")."""
-    line = state.status_line()
+    line = status_line(state)
     if filter_text.strip() and not rows_shown and state.ticks:
         return printable(f"no row matches {filter_text.strip()!r} · {line}")
     return line
 
 
 def styled_cells(row: Row, with_cmd: bool = True) -> list[Text]:
-    """A row's cells as rich Text: the phase as a coloured badge, an idle-but-held device in yellow.
-    `with_cmd=False`: a process row's Notes without its command line."""
+    """A row's cells as rich Text: the phase as a badge in its palette colour, an idle-but-held device's
+    name in held idle's. `with_cmd=False`: a process row's Notes without its command line."""
     base = "bold" if row.kind == "device" else "dim"
     out = []
     for col in COLUMNS:
@@ -326,7 +329,7 @@ def styled_cells(row: Row, with_cmd: bool = True) -> list[Text]:
         text = printable(text)  # a replay's or an old recording's names are not sanitized
         style = base
         if col.key == "phase" and row.phase and text != MISSING:
-            style = PHASE_BADGE.get(row.phase, PHASE_BADGE["unknown"])
+            style = look(row.phase).terminal
             text = f" {text} "
         elif row.idle_held and col.key in ("name", "info"):
             style = IDLE_HELD_STYLE if col.key == "name" or IDLE_HELD in text else base
@@ -358,9 +361,10 @@ def render_table(
     it fits, and says so in its title, rather than letting rich squeeze every column (the phase shrank to
     nothing at 80 columns).
     """
-    rows = state.rows(sort, filter_text)
+    snap = state.snapshot()  # the rows and the status line of one moment
+    rows = table_rows(snap, sort, filter_text)
     cells = [styled_cells(row) for row in rows]
-    status = status_text(state, filter_text, len(rows))
+    status = status_text(snap, filter_text, len(rows))
     hidden: list[str] = []
     has_cmd = with_cmd = any(row.cmd for row in rows)
     while True:
