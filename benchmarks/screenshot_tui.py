@@ -69,7 +69,7 @@ def demo_screenshot(out: Path, seconds: float = 15.0) -> Path:
     from phasescope.cli.demo import DEMO_PRICE_NOTE, DEMO_USD_PER_DEVICE_HOUR
     from phasescope.demo.children import DemoChildren
     from phasescope.live.annotate import HookKpiReader
-    from phasescope.live.state import feed
+    from phasescope.live.loop import feed
     from phasescope.sources.host import HostSource
 
     children = DemoChildren().start(device="cpu")

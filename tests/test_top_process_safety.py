@@ -24,7 +24,8 @@ import pytest
 from rich.console import Console
 from textual.widgets import DataTable
 
-from phasescope.live.state import LiveState, feed
+from phasescope.live.loop import feed
+from phasescope.live.state import LiveState
 from phasescope.schema import SIGNAL_NAMES, DeviceInfo, ProcessSample, TickBatch
 from phasescope.sources import host as host_module
 from phasescope.sources.host import CombinedSource, HostSource, signal_process

@@ -112,7 +112,7 @@ def test_demo_runs_two_real_workloads_and_leaves_none(tmp_path: Path) -> None:
 
 
 def _cell(line: str, column: int) -> str:
-    """One cell of a plain-table row (columns as in live_state.COLUMNS)."""
+    """One cell of a plain-table row (columns as in views/table.py COLUMNS)."""
     return line.split("│")[column + 1].strip()
 
 

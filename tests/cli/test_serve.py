@@ -144,7 +144,7 @@ def test_store_history_is_served_from_the_start(shared_data: Path, tmp_path: Pat
     from phasescope.store.live import Store
     from tests.cli.test_top import _store_from_the_training_run
     from tests.live_helpers import TRAINING_RUN, training_traces
-    from tests.test_tui import HISTORY_ROWS
+    from tests.views.test_tui import HISTORY_ROWS
 
     path = tmp_path / "live.sqlite"
     before = _store_from_the_training_run(shared_data, path)

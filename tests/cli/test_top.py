@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from phasescope.cli import main
-from phasescope.live.state import LiveState
+from phasescope.live.loop import TickLoop
 from phasescope.views.display import MISSING
 from tests.live_helpers import TRAINING_RUN
 
@@ -67,14 +67,14 @@ def test_config_thresholds_reach_the_live_classifier(
     from phasescope.live import classify as live_classify
 
     made: list[live_classify.LiveClassifier] = []
-    states: list[LiveState] = []
+    loops: list[TickLoop] = []
 
-    class SpyState(LiveState):
+    class SpyLoop(TickLoop):
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            states.append(self)
+            loops.append(self)
 
-    monkeypatch.setattr(top_module, "LiveState", SpyState)
+    monkeypatch.setattr(top_module, "TickLoop", SpyLoop)
 
     class Spy(live_classify.LiveClassifier):
         def __init__(self, *args: object, **kwargs: object) -> None:
@@ -88,13 +88,13 @@ def test_config_thresholds_reach_the_live_classifier(
     assert main(["top", "--once", "--interval", "0.1", "--source", spec, "--config", str(cfg)]) == 0
     capsys.readouterr()
     (lc,) = made
-    (state,) = states
+    (loop,) = loops
     if config:  # 30 s at a run every 5 s: the first sight and the one 30 s later
         assert lc.min_confidence == 0.8 and lc.confirm == 7
-        assert state.energy.gap_factor == 7.0  # the energy meter's gap rule follows the config too
+        assert loop.energy.gap_factor == 7.0  # the energy meter's gap rule follows the config too
     else:  # unset: the rules the live path was evaluated with
         assert lc.min_confidence is None and lc.confirm == 2
-        assert state.energy.gap_factor == 3.0
+        assert loop.energy.gap_factor == 3.0
 
 
 def test_plain_ends_when_a_replay_ends(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -196,7 +196,7 @@ def _store_from_the_training_run(shared_data: Path, path: Path, newest_age_s: fl
     """Five minutes of the real training run (GPU 0 trains, GPU 1 idles) in a store; returns samples."""
     from phasescope.store.live import Store
     from tests.live_helpers import training_traces
-    from tests.test_tui import _training_rows, write_store
+    from tests.views.test_tui import _training_rows, write_store
 
     traces = training_traces(shared_data)
     lo, hi = _training_rows(traces)
@@ -313,7 +313,7 @@ def _damaged_store(path: Path, shared_data: Path) -> None:
 def _other_devices(path: Path, shared_data: Path) -> None:
     """The training run's GPUs plus an A100 from another machine that is not watched now."""
     from phasescope.sources.replay import read
-    from tests.test_tui import write_store
+    from tests.views.test_tui import write_store
 
     _store_from_the_training_run(shared_data, path)
     a100 = read(shared_data / SPAR_A100)

@@ -15,9 +15,11 @@ import pytest
 from phasescope.classify.model import PhaseModel, WindowPredictions
 from phasescope.instrument.events import load_events
 from phasescope.live.annotate import Annotator, HookKpiReader, ScrapeKpiReader
-from phasescope.live.state import LiveState, feed
+from phasescope.live.loop import feed
+from phasescope.live.state import LiveState
 from phasescope.schema import PHASES, Trace
 from phasescope.sources.replay_live import ReplaySource
+from phasescope.views import table
 from tests.hook_events import shared_hook_events
 from tests.http_helpers import serving
 from tests.live_helpers import training_traces
@@ -189,8 +191,8 @@ def test_a_held_phase_keeps_its_last_confidence_and_says_held() -> None:
     """A run that judges nothing keeps the phase (no flicker to unknown) with the confidence of the last
     judged window, marked as held on the badge and in the API; the next judged run clears the mark."""
     from phasescope.live.classify import LiveClassifier
-    from phasescope.live.state import HELD_MARK
     from phasescope.schema import SIGNAL_NAMES, DeviceInfo, TickBatch
+    from phasescope.views.table import HELD_MARK
 
     script = [("training", 0.87), ("unknown", 0.0), ("unknown", 0.0), ("training", 0.6)]
     clf = LiveClassifier(_Sure(list(script)), every_s=1.0)  # type: ignore[arg-type]
@@ -204,7 +206,7 @@ def test_a_held_phase_keeps_its_last_confidence_and_says_held() -> None:
     for k in range(len(script)):
         state.ingest(TickBatch(1000.0 + k, [dev], row))
         annotate(state)
-        cells.append(next(r for r in state.rows() if r.key == dev.uuid).cells["phase"])
+        cells.append(next(r for r in table.rows(state) if r.key == dev.uuid).cells["phase"])
         api.append(clf.reading(dev.uuid).to_dict())  # type: ignore[union-attr]
     held = f"training 87%{HELD_MARK}"
     assert cells == ["training 87%", held, held, "training 60%"]
@@ -234,7 +236,7 @@ def test_a_dark_device_goes_unknown_without_a_held_mark(shared_data: Path) -> No
         annotate(state)
     view = state.phase(gone)
     assert view is not None and view.phase == "unknown" and not view.held
-    assert next(r for r in state.rows() if r.key == gone).cells["phase"] == "unknown"
+    assert next(r for r in table.rows(state) if r.key == gone).cells["phase"] == "unknown"
 
 
 # ---- a serving engine's /metrics (real captures, served over loopback) ----
@@ -262,8 +264,8 @@ def metrics_url(shared_data: Path) -> Iterator[str]:
 
 
 def test_scraped_vllm_latency_on_the_named_gpu(shared_data: Path, metrics_url: str) -> None:
-    from phasescope.live.state import kpi_text
     from phasescope.sources.scrape import read_file, server_kpis
+    from phasescope.views.table import kpi_text
     from tests.live_helpers import ticks
 
     expect = server_kpis(read_file(shared_data / VLLM))[0]["latency_s"]
@@ -277,11 +279,11 @@ def test_scraped_vllm_latency_on_the_named_gpu(shared_data: Path, metrics_url: s
     Annotator(None, None, [scraper])(state)
     gpu1 = traces[1].device.uuid
     state.set_phase(gpu1, "inference", 0.9, 0.0)
-    row = {r.key: r for r in state.rows()}[gpu1]
+    row = {r.key: r for r in table.rows(state)}[gpu1]
     assert row.cells["kpi"] == kpi_text({"latency_p50_s": expect["p50"], "latency_p99_s": expect["p99"]},
                                         "inference")
     assert row.cells["kpi"].startswith("p50 ")
-    assert {r.key: r for r in state.rows()}[traces[0].device.uuid].cells["kpi"] == "–"  # not its server
+    assert {r.key: r for r in table.rows(state)}[traces[0].device.uuid].cells["kpi"] == "–"  # not its server
     scraper.poll_once()  # a second scrape: a window with a rate (nothing new was served in it: 0 req/s)
     assert scraper.kpis["requests_per_s"] == 0.0
 
@@ -324,10 +326,10 @@ def test_a_server_that_stops_answering_shows_no_kpis_not_its_last_ones(shared_da
     gpu1 = traces[1].device.uuid
     scraper.poll_once()
     annotate(state)
-    assert {r.key: r for r in state.rows()}[gpu1].cells["kpi"].startswith("p50 ")
+    assert {r.key: r for r in table.rows(state)}[gpu1].cells["kpi"].startswith("p50 ")
     scraper.poll_once()  # the server is gone: its latency is no longer current
     annotate(state)
-    assert scraper.kpis == {} and {r.key: r for r in state.rows()}[gpu1].cells["kpi"] == "–"
+    assert scraper.kpis == {} and {r.key: r for r in table.rows(state)}[gpu1].cells["kpi"] == "–"
     assert any("down" in e for e in state.events())
 
 

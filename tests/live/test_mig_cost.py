@@ -15,12 +15,14 @@ from phasescope.classify.model import PhaseModel
 from phasescope.config import PriceConfig
 from phasescope.kpi.cost import Prices, mig_shares
 from phasescope.live.classify import LiveClassifier
+from phasescope.live.loop import TickLoop
 from phasescope.live.state import LiveState
 from phasescope.schema import DeviceInfo, TickBatch, Trace
 from phasescope.serve.agent import Agent
 from phasescope.sources.nvml import NvmlSource
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
+from phasescope.views import table
 from phasescope.views.display import MISSING, fmt_usd
 from tests.serve.conftest import feed
 
@@ -50,14 +52,15 @@ def _hour(src: NvmlSource, step_s: float) -> Iterator[TickBatch]:
 
 def test_top_prices_the_mig_gpu_once_per_hour(mig_source: NvmlSource) -> None:
     state = LiveState("nvml", prices=Prices(2.0, KWH_USD))
-    for batch in _hour(mig_source, 1.0):  # LiveState meters energy at its 1 s tick
-        state.ingest(batch)
+    loop = TickLoop(mig_source, 1.0, state)
+    for batch in _hour(mig_source, 1.0):  # the loop meters energy at its 1 s tick
+        loop.on_tick(batch)
     joules, usd = state.energy_totals()
     assert joules > 0  # the board's power, read on the parent only
     # One physical GPU held for an hour: $2 of time and the board energy once (was $6: $2 per row).
     assert usd == pytest.approx(2.0 + joules / 3.6e6 * KWH_USD)
-    assert fmt_usd(usd) in state.status_line()
-    parent, *kids = state.rows()
+    assert fmt_usd(usd) in table.status_line(state)
+    parent, *kids = table.rows(state)
     assert [r.cells["energy"] for r in kids] == [f"{MISSING} kWh · {fmt_usd(1.0)}"] * 2
     prices, notes = state.row_prices()
     assert "split equally" in notes[kids[0].key] and notes[parent.key].startswith("MIG parent")

@@ -20,6 +20,7 @@ from phasescope.serve.agent import CHART_SIGNALS, Agent
 from phasescope.serve.app import PLOTLY_PATH, build_app
 from phasescope.sources.replay import read
 from phasescope.sources.replay_live import ReplaySource
+from phasescope.views import table
 from tests.http_helpers import TestClient
 from tests.live_helpers import ticks
 from tests.serve.conftest import MIGRATION_RUN, feed
@@ -260,7 +261,7 @@ def test_store_history_and_phase_are_served_before_the_first_tick(shared_data: P
     follow the history, and only they count for energy."""
     from phasescope.store.live import Store
     from tests.live_helpers import training_traces
-    from tests.test_tui import HISTORY_ROWS, _training_rows, write_store
+    from tests.views.test_tui import HISTORY_ROWS, _training_rows, write_store
 
     traces = training_traces(shared_data)
     lo, hi = _training_rows(traces)
@@ -297,7 +298,7 @@ def test_store_history_and_phase_are_served_before_the_first_tick(shared_data: P
 def test_load_history_without_a_store_or_with_nothing_recent(shared_data: Path, tmp_path: Path) -> None:
     from phasescope.store.live import Store
     from tests.live_helpers import training_traces
-    from tests.test_tui import _training_rows, write_store
+    from tests.views.test_tui import _training_rows, write_store
 
     traces = training_traces(shared_data)
     a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
@@ -486,3 +487,42 @@ def test_process_count_is_every_process_not_the_tables_rows(shared_data: Path) -
     feed(a, [*batches[:-1], replace(batches[-1], processes=procs)])
     counts = {d["uuid"]: d["processes"] for d in TestClient(build_app(a)).get("/api/state").json()["devices"]}
     assert counts[uuid] == 12 and counts[traces[1].device.uuid] == 0
+
+
+def test_process_kpis_are_every_hooked_process_from_the_states_records(shared_data: Path) -> None:
+    """/api/state's per-process KPIs come from the state's per-PID records, not the table's rows: all 10
+    hooked processes of a device are there (the table shows 8 process rows and "+N more", and the KPIs used to
+    stop at those 8, their PIDs parsed back out of the rows' keys), each under its own device, with its role
+    and hook phase; a process without KPIs, or no longer in the newest tick, has none."""
+    from dataclasses import replace
+
+    from phasescope.schema import ProcessSample
+    from phasescope.views.table import MAX_PROCESS_ROWS
+
+    traces = read(shared_data / MIGRATION_RUN)
+    a = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(PhaseModel.load()))
+    gpu0, gpu1 = traces[0].device.uuid, traces[1].device.uuid
+    batches = list(ticks(traces, stop=3))
+    t = batches[-1].time
+    procs = [ProcessSample(time=t, pid=2000 + i, device_uuid=gpu0, name=f"w{i}") for i in range(10)]
+    procs += [ProcessSample(time=t, pid=3000, device_uuid=gpu1, name="serve"),
+              ProcessSample(time=t, pid=3001, device_uuid=gpu1, name="unhooked")]
+    feed(a, [*batches[:-1], replace(batches[-1], processes=procs)])
+    kpis = {2000 + i: {"samples_per_s": 100.0 + i, "step_time_p50_s": 0.25} for i in range(10)}
+    kpis[3000] = {"requests_per_s": 4.0, "latency_p99_s": float("nan")}
+    kpis[4242] = {"samples_per_s": 1.0}  # a hooked process the tick did not see
+    a.state.set_kpis({}, kpis)
+    a.state.set_process_phases({2003: "training", 3000: "inference"})
+    a.state.process_labels[3000] = "demo inference"
+    shown = [r for r in table.rows(a.state) if r.pid is not None and r.device_uuid == gpu0]
+    assert len(shown) == MAX_PROCESS_ROWS  # the table's cap, which the KPIs no longer follow
+
+    devices = {d["uuid"]: d for d in TestClient(build_app(a)).get("/api/state").json()["devices"]}
+    by_pid = {p["pid"]: p for p in devices[gpu0]["process_kpis"]}
+    assert sorted(by_pid) == [2000 + i for i in range(10)]
+    assert by_pid[2009]["kpis"] == {"samples_per_s": 109.0, "step_time_p50_s": 0.25}
+    assert by_pid[2003]["phase"] == "training" and by_pid[2000]["phase"] is None
+    assert by_pid[2000]["label"] == ""
+    (served,) = devices[gpu1]["process_kpis"]
+    assert served == {"pid": 3000, "label": "demo inference", "phase": "inference",
+                      "kpis": {"requests_per_s": 4.0, "latency_p99_s": None}}  # NaN is null, never 0

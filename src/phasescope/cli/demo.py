@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from phasescope.cli._options import FiniteFloatRange
+from phasescope.cli._options import Duration, FiniteFloatRange, duration_option
 from phasescope.cli.top import _watch, open_watched
 from phasescope.demo.children import DemoChildren
 from phasescope.errors import SourceError
@@ -78,12 +78,11 @@ def _dashboard(agent: Agent, prices: PriceConfig, price_note: str, sock: socket.
 
 
 @click.command("demo")
-@click.option("--duration", type=FiniteFloatRange(min=0, min_open=True), default=None,
-              help="Stop after this many seconds (default: until q / Ctrl-C).")
+@duration_option("Stop after this long, e.g. 90s or 5m (default: until q / Ctrl-C).")
 @click.option("--plain", is_flag=True,
               help="No full screen: print a table each sample (the default when stdout is not a terminal).")
-@click.option("--interval", type=FiniteFloatRange(0.1, 60), default=1.0, show_default=True,
-              help="Seconds between samples.")
+@click.option("--interval", type=Duration(0.1, 60, min_open=False), default=1.0, show_default=True,
+              help="Time between samples, e.g. 1s or 0.5 (0.1 to 60 s).")
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="What to watch: auto (GPUs through NVML if present, else the host), nvml, host.")
 @click.option("--rate", type=FiniteFloatRange(min=0, min_open=True), default=20.0, show_default=True,
@@ -175,8 +174,7 @@ def command(
             sys.stdout.flush()
         # Ctrl-C ends the demo as q does (README): the workloads stopped, its stop line, exit 0.
         with contextlib.suppress(KeyboardInterrupt):
-            _watch(agent.state, source, interval, "plain" if plain else "tui", duration, "order", "", None,
-                   sample=lambda stop, seconds: agent.run(stop, seconds, warm=False),
+            _watch(agent.loop, "plain" if plain else "tui", duration, "order", "",
                    web_url=server.url if server is not None else None)
         problems = children.failed()
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import socket
 import threading
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ from typing import Any
 
 import click
 
-from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
+from phasescope.cli._options import Duration, FiniteFloatRange, interval_option, live_interval
 from phasescope.errors import SourceError
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -60,8 +61,8 @@ def pricing_note(
 @click.option("--model", "model_path", default=None, help="Phase model file (default: the shipped model).")
 @click.option("--events-dir", default=None,
               help="Hook events dir of an instrumented run (phasescope run): step time, MFU, RPS, latency.")
-@click.option("--history", "history_ticks", type=click.IntRange(60, 100_000), default=900, show_default=True,
-              help="Samples per device kept for the charts.")
+@click.option("--history", "history_s", type=Duration(60, 30 * 86_400, min_open=False), default="15m",
+              show_default=True, help="How much history per device the charts keep, e.g. 15m or 2h.")
 @click.option("--store", "store_path", default=None,
               help="Also keep every sample in this SQLite store (what `verify --since/--until` reads); on "
                    "start, the charts and phases begin from its last --history samples.")
@@ -80,7 +81,7 @@ def command(
     usd_per_kwh: float | None,
     model_path: str | None,
     events_dir: str | None,
-    history_ticks: int,
+    history_s: float,
     store_path: str | None,
     alarm: bool,
 ) -> None:
@@ -123,6 +124,7 @@ def command(
     source = open_watched(source_spec, lambda line: click.echo(f"phasescope: {line}", err=True),
                           host_row=False)
     interval = live_interval(source, interval)
+    history_ticks = max(2, math.ceil(history_s / interval))  # the ring holds samples; --history is a time
     if not token and not is_loopback(cfg.serve.host):
         click.echo(f"phasescope: warning: serving on {cfg.serve.host} without --token: anyone who can reach "
                    "it sees the dashboard", err=True)

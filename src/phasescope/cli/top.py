@@ -12,18 +12,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
+from phasescope.cli._options import duration_option, interval_option, live_interval
 from phasescope.cli.cost import _config, _price_options
 from phasescope.errors import SourceError
 from phasescope.instrument.events import EVENTS_DIR_ENV
 from phasescope.kpi.cost import Prices
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
 from phasescope.live.history import DEFAULT_HISTORY_S, backfill_phases, open_history
-from phasescope.live.state import DEFAULT_HISTORY, SORT_KEYS, LiveState, feed
-from phasescope.schema import DeviceInfo, TickBatch
+from phasescope.live.loop import Sink, TickLoop
+from phasescope.live.state import DEFAULT_HISTORY, LiveState
+from phasescope.schema import DeviceInfo
 from phasescope.sources.base import LiveSource
 from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.timespec import parse_duration
+from phasescope.views.table import SORT_KEYS
 
 if TYPE_CHECKING:
     from phasescope.config import Config
@@ -92,7 +94,7 @@ def run_live(
         # A replay keeps its recorded spacing: the ring must hold what the classifier and alarm read.
         data_interval_s = float(getattr(source, "native_interval_s", interval_s))
         capacity = max(capacity, ring_ticks(data_interval_s, alarm=alarm))
-    state = LiveState(source.name, capacity, prices=prices, idle_util=idle_util, gap_factor=gap_factor)
+    state = LiveState(source.name, capacity, prices=prices, idle_util=idle_util)
     state.process_labels.update(process_labels or {})
     for line in notices:
         state.note(line)
@@ -112,12 +114,14 @@ def run_live(
     if history is not None and history.traces and classifier is not None:
         def before() -> None:
             backfill_phases(state, classifier)
-    sink = history.writer.ingest if history is not None and history.writer is not None else None
+    sinks: list[Sink] = []
+    if history is not None and history.writer is not None:
+        sinks.append(("writing the store", history.writer.ingest))
+    loop = TickLoop(source, interval_s, state, annotate=annotate, sinks=sinks, gap_factor=gap_factor)
     for scraper in scrapers:
         scraper.start()
     try:
-        return _watch(state, source, interval_s, mode, duration, sort, filter_text, annotate,
-                      before=before, sink=sink)
+        return _watch(loop, mode, duration, sort, filter_text, before=before)
     finally:
         for scraper in scrapers:
             scraper.stop()
@@ -125,18 +129,18 @@ def run_live(
             history.close()
 
 
-def _watch(state: LiveState, source: LiveSource, interval_s: float, mode: str, duration: float | None,
-           sort: str, filter_text: str, annotate: Callable[[LiveState], None] | None,
-           sample: Callable[[threading.Event, float | None], None] | None = None, *,
+def _watch(loop: TickLoop, mode: str, duration: float | None, sort: str, filter_text: str, *,
            before: Callable[[], None] | None = None,
-           sink: Callable[[TickBatch], None] | None = None,
+           sample: Callable[[threading.Event, float | None], None] | None = None,
            web_url: str | None = None) -> LiveState:
-    """Show `state` while `sample(stop, duration)` fills it (default: `feed` from `source`, with `before`
-    and `sink` as in `feed`; the demo's dashboard agent passes its own, so the view and the page read one
-    sampler). `web_url`: a dashboard served beside the view, kept in the header / each table's title."""
+    """Show `loop.state` while the loop runs in a worker thread (`before` as in `TickLoop.run`; the demo
+    passes its dashboard agent's loop, so the view and the page read one pipeline). `sample(stop, duration)`
+    replaces the loop's run (tests). `web_url`: a dashboard served beside the view, kept in the header / each
+    table's title."""
+    state, source, interval_s = loop.state, loop.source, loop.sampler.interval_s
     if sample is None:
         def sample(ev: threading.Event, seconds: float | None) -> None:
-            feed(state, source, interval_s, ev, duration=seconds, annotate=annotate, before=before, sink=sink)
+            loop.run(ev, seconds, before=before)
 
     stop = threading.Event()
     if mode == "tui":
@@ -255,8 +259,7 @@ def make_annotator(
 @click.option("--source", "source_spec", default="auto", show_default=True,
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
 @interval_option("Seconds between samples (0.1 = 10 Hz).")
-@click.option("--duration", type=FiniteFloatRange(min=0, min_open=True), default=None,
-              help="Stop after this many seconds (default: until q / Ctrl-C).")
+@duration_option("Stop after this long, e.g. 90s or 1h (default: until q / Ctrl-C).")
 @click.option("--once", is_flag=True, help="Print one table (after two samples) and exit.")
 @click.option("--plain", is_flag=True,
               help="No full screen: print a table each sample (the default when stdout is not a terminal).")

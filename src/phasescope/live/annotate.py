@@ -1,8 +1,8 @@
 """What the live views add on top of raw telemetry, each tick: the phase (live classifier) and the KPIs of
 the phase, from in-process hooks or from a serving engine's /metrics.
 
-`Annotator(classifier, hooks)` is the `annotate` callable `live_state.feed` runs after every tick, in the
-sampler thread. `HookKpiReader` follows a hook events directory (what `phasescope run` and
+`Annotator(classifier, hooks)` is the `annotate` callable the tick loop (live/loop.py) runs after every
+tick, in the sampler thread. `HookKpiReader` follows a hook events directory (what `phasescope run` and
 `PHASESCOPE_EVENTS_DIR` write) incrementally: each immutable .npz chunk is read once, and only the last
 `window_s` seconds of events are kept and summarised, so a long run costs constant memory and time.
 """
@@ -252,7 +252,7 @@ class ScrapeKpiReader:
 
 
 class Annotator:
-    """The `annotate` hook for `live_state.feed`: phase from the classifier, KPIs from hooks and scrapes."""
+    """The tick loop's `annotate` hook: phase from the classifier, KPIs from hooks and scrapes."""
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ windows that straddle a run's start, so it fires sooner than the badge turns): e
 of data time each GPU's last `onset.HISTORY_S` seconds go to its `OnsetAlarm`. The reading carries
 `training_alarm` (latched until the training evidence is gone) and `alarm_at` (data time it fired).
 
-Devices whose phase comes from hooks only (`live_state.phase_from_hooks`: the host pseudo-device, CPU load
+Devices whose phase comes from hooks only (`live.state.phase_from_hooks`: the host pseudo-device, CPU load
 and RAM, which neither model was fitted on) are skipped: no window is judged, no alarm kept, no reading.
 """
 

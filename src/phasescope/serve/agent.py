@@ -1,8 +1,9 @@
-"""The agent behind `phasescope serve`: samples a source, classifies each device live and meters its energy.
+"""The agent behind `phasescope serve` (and the demo's dashboard): the live tick loop over a source, and what
+the web app and the Prometheus collector read of it.
 
-One sampler thread does all the writing (LiveState ring buffers, LiveClassifier, energy meters); the web
-app and the Prometheus collector only read, each through its own lock, so a scrape never waits for a tick
-and a tick never waits for a scrape beyond a short copy.
+The loop (live/loop.py, the same as `top`'s) does all the writing in one sampler thread: LiveState ring
+buffers, the LiveClassifier, the one energy meter; the web app and the collector only read the state
+through its lock, so a scrape never waits for a tick and a tick never waits for a scrape beyond a short copy.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from phasescope.classify.decide import finite_or_none
 from phasescope.config import PriceConfig
 from phasescope.kpi.cost import Prices, cost_of
-from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, FleetEnergyMeter
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy
 from phasescope.live.annotate import Annotator, HookKpiReader
 from phasescope.live.classify import LiveClassifier, PhaseReading
 from phasescope.live.history import backfill_phases, loaded_note, recent_traces
-from phasescope.live.state import LiveState, Row, phase_from_hooks
+from phasescope.live.loop import Sink, TickLoop
+from phasescope.live.state import LiveState, phase_from_hooks
 from phasescope.schema import (
     PHASES,
     SIGNAL_COLUMN,
@@ -36,6 +39,7 @@ from phasescope.sources.base import LiveSource
 from phasescope.sources.host import is_host_device
 from phasescope.sources.sampler import Sampler
 from phasescope.store.live import Store
+from phasescope.views.table import status_line
 
 # Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).
 CHART_SIGNALS: tuple[str, ...] = ("gpu_util", "mem_util", "power", "mem_used", "temperature", "sm_clock")
@@ -44,12 +48,12 @@ UP_AFTER_INTERVALS = 3.0  # the source counts as up while its last tick is young
 
 def _num(x: float, digits: int = 6) -> float | None:
     """A JSON-safe number: None for NaN/inf (JSON has no NaN), rounded to keep payloads small."""
-    return round(float(x), digits) if math.isfinite(x) else None
+    return finite_or_none(round(float(x), digits))
 
 
 def _series(values: FloatArray, digits: int) -> list[float | None]:
     rounded = np.round(values, digits)
-    return [float(v) if math.isfinite(v) else None for v in rounded.tolist()]
+    return [finite_or_none(float(v)) for v in rounded.tolist()]
 
 
 def _health_doc(h: GpuHealth | None) -> dict[str, Any] | None:
@@ -97,26 +101,15 @@ class Agent:
         # The ring holds at least what the classifier and its alarm read (120 s is 1,201 ticks at 10 Hz).
         capacity = max(history_ticks, self.classifier.ring_ticks(self.data_interval_s))
         self.state = LiveState(source.name, capacity=capacity, prices=self._device_prices,
-                               idle_util=idle_util, gap_factor=gap_factor)
-        # The demo's terminal view reads this state (not `feed`): its processes are this host's to signal.
-        self.state.set_local_processes(bool(getattr(source, "local_processes", False)))
+                               idle_util=idle_util)
         self.hooks = hooks
         self.store = store  # every tick is also kept here, for `verify --since/--until` and history
-        # The same per-tick step as `phasescope top`: phase into the state, hook KPIs where a run writes them.
-        self._annotate: Annotator | None = Annotator(self.classifier, hooks)
-        # As LiveState's meter (the status line): the period comes from each device's ticks, so `--interval 5`
-        # over a 1 s replay is metered by the offline gap rule on those ticks, not called all gaps.
-        self.energy = FleetEnergyMeter(gap_factor=gap_factor)
-        self.sampler = Sampler(source, interval_s)
+        sinks: list[Sink] = [("writing the store", store.ingest)] if store is not None else []
+        # `top`'s pipeline: phase into the state, hook KPIs where a run writes them, the one energy meter.
+        self.loop = TickLoop(source, interval_s, self.state, annotate=Annotator(self.classifier, hooks),
+                             sinks=sinks, gap_factor=gap_factor)
         self.started = time.time()
-        self.exhausted = False  # a replay that reached its end: the last picture stays up
-        self.failure = ""
-        self._lock = threading.Lock()  # guards self.energy and self._health
-        self._health: dict[str, GpuHealth] = {}  # uuid -> the source's last health read (NVML)
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._sampling = False
-        self._last_tick_mono = math.nan
 
     def _device_prices(self, info: DeviceInfo) -> Prices:
         return self.prices.for_device(info.name)
@@ -155,76 +148,48 @@ class Agent:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
+        self.loop.stop()
         if self._thread is not None:
             self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._sampling
 
     def run(
         self, stop: threading.Event | None = None, duration: float | None = None, warm: bool = True
     ) -> None:
-        """Sample until `stop` (or `stop()`) is set or `duration` has passed, then close the source. Blocks:
-        `start()` runs it in a thread; a view that owns the sampling thread (the demo's TUI) calls it there.
-        `warm=False` when the classifier is being warmed elsewhere (its update waits for it)."""
-        if stop is not None:  # the view's event: it and stop() both end sampling
-            self._stop = stop
-        self._sampling = True
-        try:
-            if warm:
-                self.classifier.warm_up()  # parse the model now, not inside the first ticks (it takes ~2 s)
-            self.sampler.run(self.on_tick, duration=duration, stop=self._stop)
-        except Exception as exc:  # the server must outlive its source and say why sampling stopped
-            self.failure = f"sampling stopped: {type(exc).__name__}: {exc}"
-            self.state.note(self.failure)
-        finally:
-            self._sampling = False
-            try:
-                self.source.close()
-            except Exception as exc:
-                self.state.note(f"closing {self.source.name} failed: {exc}")
+        """The loop: sample until `stop` (or `stop()`) is set or `duration` has passed, then close the source.
+        Blocks: `start()` runs it in a thread; a view that owns the sampling thread (the demo's TUI) calls it
+        there. `warm=False` when the classifier is being warmed elsewhere (its update waits for it)."""
+        # warm: parse the model before the first tick, not inside it (it takes ~2 s)
+        self.loop.run(stop, duration, before=self.classifier.warm_up if warm else None)
 
     def on_tick(self, batch: TickBatch) -> None:
-        """One sample of all devices: store it, re-classify when due, meter energy under the current phase."""
-        if getattr(self.source, "exhausted", False):
-            for event in batch.events:
-                self.state.note(event)
-            self.exhausted = True
-            self._stop.set()
-            return
-        self.state.ingest(batch, self.source.error_counts())
-        if self.store is not None:
-            try:
-                self.store.ingest(batch)
-            except Exception as exc:  # the live view goes on; say once why the store stopped
-                self.store = None
-                self.state.note(f"writing the store stopped: {type(exc).__name__}: {exc}")
-        if self._annotate is not None:
-            try:
-                self._annotate(self.state)
-            except Exception as exc:  # keep the telemetry coming; say once why the phase stopped updating
-                self._annotate = None
-                self.state.note(f"phase/KPI updates stopped: {type(exc).__name__}: {exc}")
-        phases = dict(self.classifier.phases())
-        for uuid, label in self.state.host_phases().items():  # the host: its hooks' phase, or unknown
-            if label:
-                phases[uuid] = label
-            else:
-                phases.pop(uuid, None)
-        with self._lock:
-            self.energy.update(batch, phases)
-            self._health.update(batch.health)
-        self._last_tick_mono = time.monotonic()
+        """One sample through the loop (the sampler calls it; tests drive it directly)."""
+        self.loop.on_tick(batch)
 
     # ---- readers ----
 
+    @property
+    def sampler(self) -> Sampler:
+        return self.loop.sampler
+
+    @property
+    def running(self) -> bool:
+        return self.loop.running
+
+    @property
+    def exhausted(self) -> bool:
+        """A replay that reached its end: the last picture stays up."""
+        return self.loop.exhausted
+
+    @property
+    def failure(self) -> str:
+        return self.loop.failure
+
     def source_up(self) -> bool:
         """Fresh samples are arriving: sampling runs and the last tick is recent."""
-        if not self.running or not math.isfinite(self._last_tick_mono):
+        last = self.loop.last_tick_mono
+        if not self.running or not math.isfinite(last):
             return False
-        return time.monotonic() - self._last_tick_mono <= max(UP_AFTER_INTERVALS * self.interval_s, 2.0)
+        return time.monotonic() - last <= max(UP_AFTER_INTERVALS * self.interval_s, 2.0)
 
     def devices(self) -> list[tuple[DeviceInfo, FloatArray, PhaseReading | None, bool]]:
         """(identity, latest values, phase reading, lost) per device, in the order first seen. Lost: no longer
@@ -242,23 +207,21 @@ class Agent:
     def health(self) -> dict[str, GpuHealth]:
         """uuid -> the GPU's last health read (ECC, remapped rows, PCIe replays, memory temperature, XIDs);
         GPUs whose source reads none are absent."""
-        with self._lock:
-            return dict(self._health)
+        return self.state.health()
 
     def energy_results(self) -> dict[str, DeviceEnergy]:
-        """uuid -> the device's energy so far (method, per-phase figures, and whether any was `measured`)."""
-        with self._lock:
-            return {uuid: m.result(uuid) for uuid, m in self.energy.meters.items()}
+        """uuid -> the device's energy so far (method, per-phase figures, and whether any was `measured`):
+        the loop's one meter, as the status line and `top` read it."""
+        return self.loop.energy_results()
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the dashboard shows now, as JSON-ready data (the /api/state body)."""
         energy = self.energy_results()
-        rows = self.state.rows()
         # Every process the newest tick saw, not the table's rows (capped, with a "+N more" row).
         procs = Counter({uuid: len(ps) for uuid, ps in self.state.processes().items()})
         idle_held = self.state.idle_held()
-        kpis = dict(self.hooks.device) if self.hooks is not None else {}
-        proc_kpis = self._process_kpis(rows)
+        kpis = self.state.device_kpis()
+        proc_kpis = self._process_kpis()
         host_phases = self.state.host_phases()
         devices = []
         totals: dict[str, dict[str, float]] = {}
@@ -312,7 +275,7 @@ class Agent:
             "max_late_s": _num(self.sampler.stats.max_late_s),
             "interval_s": self.interval_s,
             "time": _num(self.state.last_tick_time, 3),
-            "status": self.state.status_line(),
+            "status": status_line(self.state),
             "model_version": self.classifier.model.version,
             "phases": list(PHASES),
             "devices": devices,
@@ -333,31 +296,22 @@ class Agent:
         return {"phase": label, "confidence": None, "proba": {}, "since": None, "t": None, "held": False,
                 "training_alarm": False, "alarm_at": None, "unknown_reason": None, "source": "hooks"}
 
-    def _process_kpis(self, rows: list[Row]) -> dict[str, list[dict[str, Any]]]:
-        """uuid -> [{pid, label, kpis}] for the processes a hooked run reports on (e.g. the demo's two)."""
-        by_pid = dict(self.hooks.process) if self.hooks is not None else {}
-        hook_phase = self.state.process_phases()
-        out: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            pid_text = r.key.rpartition("/")[2]
-            if r.kind != "process" or not pid_text.isdigit() or int(pid_text) not in by_pid:
-                continue
-            pid = int(pid_text)
-            out.setdefault(r.device_uuid, []).append({
-                "pid": pid, "label": self.state.process_labels.get(pid, ""), "phase": hook_phase.get(pid),
-                "kpis": {k: _num(v) for k, v in by_pid[pid].items()},
-            })
-        return out
+    def _process_kpis(self) -> dict[str, list[dict[str, Any]]]:
+        """uuid -> [{pid, label, phase, kpis}] for every process a hooked run reports on (e.g. the demo's
+        two), from the state's per-PID records."""
+        return {uuid: [{"pid": r.pid, "label": r.label, "phase": r.phase,
+                        "kpis": {k: _num(v) for k, v in r.kpis.items()}} for r in records]
+                for uuid, records in self.state.process_kpis().items()}
 
     def history(self, since: float = -math.inf) -> dict[str, Any]:
         """Chart data newer than `since` (data clock), per device: times, CHART_SIGNALS and phase bands."""
         out: dict[str, Any] = {}
         for uuid in self.state.device_uuids():
-            times = self.state.history_times(uuid)
+            times, columns = self.state.history_columns(uuid, CHART_SIGNALS)  # one tick's worth, all of it
             keep = np.round(times, 3) > since  # compare as sent: `since` is a t the client got from us
             series: dict[str, Any] = {"t": _series(times[keep], 3)}
             for s in CHART_SIGNALS:
-                series[s] = _series(self.state.history(uuid, s)[keep], 4)
+                series[s] = _series(columns[s][keep], 4)
             lo = float(times[0]) if times.size else math.inf
             host = phase_from_hooks(self.state.device_info(uuid))  # no classifier bands on CPU load
             series["bands"] = [] if host else [  # every band in the kept history: few, the last one grows
