@@ -2,7 +2,9 @@
 
 `--json` prints one object per device trace per line:
     {"path", "device", "label", "probabilities", "missing_signals", "held", "held_by", "segments": [...],
-     "windows": [{"start", "end", "label", "p_training"}], ...}
+     "windows": [{"start", "end", "label", "p_training"}], "kpis": {...}, ...}
+"kpis" holds the telemetry-only KPIs of the device's phase over its segments of that phase
+(`kpi.rhythm.trace_kpis`): each figure a {"value", "unit", "method", "confidence"} object.
 "held" says whether the device's idle is *held* (a loaded model or a CUDA context kept while serving
 nothing: `classify.held`, the rule the live view uses): true or false for a device labelled idle, false for
 one labelled a working phase, null where it cannot be told (no memory reading in its idle time, or the
@@ -20,28 +22,28 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
 import numpy as np
 
-from phasescope.classify import decide
-from phasescope.classify.held import DeviceProcesses, Held, judge_spans, processes_by_device
-from phasescope.cli._options import FiniteFloatRange
+from phasescope.classify import decide, verdict
+from phasescope.classify.held import DeviceProcesses, Held, processes_by_device
+from phasescope.cli._options import Duration, FiniteFloatRange
 from phasescope.config import ThresholdConfig
 from phasescope.errors import PhasescopeError
-from phasescope.schema import Trace
+from phasescope.kpi import rhythm
+from phasescope.schema import Trace, Verdict
+from phasescope.views.palette import look
 
-# One char per window in the timeline strip, and its colour.
+# One char per window in the timeline strip, in its phase's colour (views/palette.py, as every view): the
+# letter tells the phase apart where colour does not (a monochrome terminal, colour-blind eyes).
 _GLYPH: dict[str, tuple[str, str]] = {
-    "training": ("T", "bold red"),
-    "inference": ("I", "bold cyan"),
-    "other": ("O", "yellow"),
-    "idle": (".", "dim"),
-    decide.UNKNOWN: ("?", "magenta"),
+    label: (ch, f"bold {look(label).fill}")
+    for label, ch in (("training", "T"), ("inference", "I"), ("other", "O"), ("idle", "."),
+                      (decide.UNKNOWN, "?"))
 }
 _STRIP_WIDTH = 96  # longer traces show the majority label of several windows per char
 HELD_TEXT = " (held)"  # after "idle" in the human output: idle while holding a model or context
@@ -53,30 +55,25 @@ class ClassifyFailed(PhasescopeError):
 
 @dataclass
 class Result:
-    """The classification of one device trace, ready to print."""
+    """One device trace's verdict (`classify.verdict`), with the file it came from, ready to print."""
 
     path: str
     trace: Trace
-    pred: Any  # classify.model.WindowPredictions
-    segments: list[decide.Segment]
-    label: str
-    probabilities: dict[str, float]
-    confidence: float
-    thresholds: dict[str, float] = field(default_factory=dict)  # the config's thresholds set, as applied
-    held: Held = field(default_factory=lambda: Held(None, None))  # the device's idle time: held or not
-    segment_held: list[Held | None] = field(default_factory=list)  # per segment; None for a non-idle one
+    verdict: Verdict
 
     @property
-    def held_idle(self) -> bool:
-        """Labelled idle, and that idle is held."""
-        return self.label == "idle" and self.held.held is True
+    def pred(self) -> Any:
+        """The verdict's window predictions (classify.model.WindowPredictions): `classify` always has them."""
+        assert self.verdict.windows is not None, "classify_trace always runs the model"
+        return self.verdict.windows
 
     def to_json(self) -> dict[str, Any]:
-        dev = self.trace.device
+        v = self.verdict
+        dev = v.device
         start = np.asarray(self.pred.start, dtype=np.float64)
         end = np.asarray(self.pred.end, dtype=np.float64)
         p_train = decide.p_training(self.pred)
-        reasons = list(getattr(self.pred, "reasons", [])) or [""] * len(self.pred.labels)
+        reasons = verdict.window_reasons(self.pred)
         windows = []
         rows = zip(start.tolist(), end.tolist(), self.pred.labels, p_train.tolist(), reasons, strict=True)
         for s, e, lab, p, why in rows:
@@ -90,32 +87,23 @@ class Result:
             "device_name": dev.name,
             "gpu_index": dev.index,
             "format": self.trace.meta.get("format"),
-            "label": self.label,
-            "confidence": _num(self.confidence),
-            "probabilities": {k: _num(v) for k, v in self.probabilities.items()},
-            "missing_signals": list(self.pred.missing_signals),
-            "model_version": self.pred.model_version,
-            "unknown_reasons": unknown_reasons(self.pred.labels, reasons),
-            "held": self.held.held,
-            "held_by": self.held.by,
-            "segments": [_segment_dict(s, h) for s, h in
-                         zip(self.segments, self.segment_held or [None] * len(self.segments), strict=True)],
+            "label": v.label,
+            "confidence": _num(v.confidence),
+            "probabilities": {k: _num(p) for k, p in v.probabilities.items()},
+            "missing_signals": list(v.missing_signals),
+            "model_version": v.model_version,
+            "unknown_reasons": dict(v.unknown_reasons),
+            "held": v.held.held,
+            "held_by": v.held.by,
+            "segments": [_segment_dict(s, h) for s, h in zip(v.segments, v.segment_held, strict=True)],
             "windows": windows,
         }
-        if self.thresholds:  # why windows or segments differ from the model's own rules
-            out["thresholds"] = dict(self.thresholds)
+        if v.thresholds:  # why windows or segments differ from the model's own rules
+            out["thresholds"] = dict(v.thresholds)
+        # Telemetry-only KPIs of the verdict's phase, over its segments (kpi/rhythm.py)
+        spans = [(s.start, s.end) for s in v.segments if s.label == v.label]
+        out["kpis"] = rhythm.trace_kpis(self.trace, v.label, spans)
         return out
-
-
-def unknown_reasons(labels: Sequence[str], reasons: Sequence[str]) -> dict[str, int]:
-    """Why windows were unknown: each reason (its numbers dropped, so alike reasons count together)
-    with how many windows gave it, the most common first."""
-    counts: dict[str, int] = {}
-    for lab, why in zip(labels, reasons, strict=True):
-        if lab == decide.UNKNOWN and why:
-            key = re.sub(r":?\s*best probability [\d.]+\s*<\s*[\d.]+", "", why).strip() or "low confidence"
-            counts[key] = counts.get(key, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _segment_dict(seg: decide.Segment, held: Held | None) -> dict[str, Any]:
@@ -135,46 +123,16 @@ def classify_trace(
     thresholds: ThresholdConfig | None = None,
     processes: DeviceProcesses | None = None,
 ) -> Result:
-    """One trace's verdict. `thresholds` (the config's) changes it only where `min_confidence` or
-    `min_segment_s` is set: windows whose best probability is below min_confidence read unknown (it
-    replaces the model's own `min_proba`), and no segment is shorter than min_segment_s where a neighbour
-    touches it (unknown runs under it are bridged, short phase segments merged: `decide.merge_short`).
+    """One trace's verdict (`classify.verdict.build`). `thresholds` (the config's) change it only where
+    `min_confidence` or `min_segment_s` is set; --window/--stride override the model's window settings.
     `processes`: the device's recorded process samples (a phasescope recording's), None where the file
     records none; they name what holds an idle device."""
-    used: dict[str, float] = {}
-    params = decide.SegmentParams()
-    if thresholds is not None and thresholds.min_confidence is not None:
-        used["min_confidence"] = thresholds.min_confidence
-        model = model.with_rules(min_proba=thresholds.min_confidence)
-    if thresholds is not None and thresholds.min_segment_s is not None:
-        used["min_segment_s"] = thresholds.min_segment_s
-        params = replace(params, min_unknown_s=max(params.min_unknown_s, thresholds.min_segment_s))
-    pred = _predict(model, trace, window, stride)
-    segs = decide.segments(pred, params)
-    if "min_segment_s" in used:
-        segs = decide.merge_short(segs, used["min_segment_s"])
-    label = decide.overall_label(segs)
-    seg_held = [judge_spans(trace, [(s.start, s.end)], processes) if s.label == "idle" else None
-                for s in segs]
-    return Result(path, trace, pred, segs, label, decide.mean_probabilities(pred), _confidence(segs, label),
-                  used, _device_held(trace, segs, label, processes), seg_held)
-
-
-def _device_held(
-    trace: Trace, segs: Sequence[decide.Segment], label: str, processes: DeviceProcesses | None
-) -> Held:
-    """Held-ness of the device's verdict: over all its idle time when labelled idle; not held when labelled a
-    working phase; not told when the label is unknown."""
-    if label == "idle":
-        return judge_spans(trace, [(s.start, s.end) for s in segs if s.label == "idle"], processes)
-    return Held(None if label == decide.UNKNOWN else False, None)
-
-
-def _predict(model: Any, trace: Trace, window: float | None, stride: float | None) -> Any:
-    """The model's window predictions; --window/--stride override its window settings for this call."""
     if window is not None or stride is not None:
         model = with_windows(model, window, stride)
-    return model.predict_trace(trace)
+    t = thresholds or ThresholdConfig()
+    v = verdict.build(trace, model, min_confidence=t.min_confidence, min_segment_s=t.min_segment_s,
+                      processes=processes)
+    return Result(path, trace, v)
 
 
 def with_windows(model: Any, window: float | None, stride: float | None) -> Any:
@@ -183,17 +141,6 @@ def with_windows(model: Any, window: float | None, stride: float | None) -> Any:
     cfg = replace(cfg, window_s=cfg.window_s if window is None else window,
                   stride_s=cfg.stride_s if stride is None else stride)
     return model.with_config(cfg)
-
-
-def _confidence(segs: Sequence[decide.Segment], label: str) -> float:
-    """Time-weighted mean probability of `label` over the segments that carry it."""
-    mine = [s for s in segs if s.label == label and math.isfinite(s.confidence)]
-    total = sum(max(s.duration, 0.0) for s in mine)
-    if not mine:
-        return float("nan")
-    if total <= 0:
-        return float(np.mean([s.confidence for s in mine]))
-    return sum(s.confidence * max(s.duration, 0.0) for s in mine) / total
 
 
 def _num(v: float) -> float | None:
@@ -272,13 +219,14 @@ def print_human(results: Sequence[Result]) -> None:
         for col in ("device", "phase", "conf", "missing", "segments"):
             table.add_column(col, overflow="fold")
         for r in rs:
+            v = r.verdict
             t0 = float(r.pred.start[0]) if len(r.pred.labels) else 0.0
-            style = _GLYPH.get(r.label, _GLYPH[decide.UNKNOWN])[1]
-            conf = "-" if not math.isfinite(r.confidence) else f"{r.confidence:.2f}"
-            phase = r.label + (HELD_TEXT if r.held_idle else "")
+            style = _GLYPH.get(v.label, _GLYPH[decide.UNKNOWN])[1]
+            conf = "-" if not math.isfinite(v.confidence) else f"{v.confidence:.2f}"
+            phase = v.label + (HELD_TEXT if v.held_idle else "")
             table.add_row(_device_text(r.trace), Text(phase, style=style), conf,
-                          _missing_text(r.pred.missing_signals),
-                          _segments_text(r.segments, t0, r.segment_held))
+                          _missing_text(v.missing_signals),
+                          _segments_text(v.segments, t0, v.segment_held))
         console.print(table)
         for r in rs:
             head = f"  {_device_text(r.trace).split()[0]:>4} "
@@ -287,15 +235,14 @@ def print_human(results: Sequence[Result]) -> None:
             for ch, style in timeline(r.pred.labels, width):
                 strip.append(ch, style=style)
             console.print(strip, no_wrap=True, overflow="crop")
-            if r.label == decide.UNKNOWN:  # say why, so the unknown can be acted on
-                why = unknown_reasons(r.pred.labels, list(getattr(r.pred, "reasons", [])) or
-                                      [""] * len(r.pred.labels))
-                if why:
-                    top = next(iter(why))
-                    console.print(Text(f"  unknown: {top} ({why[top]} windows)", style="dim"))
+            why = r.verdict.unknown_reasons
+            if r.verdict.label == decide.UNKNOWN and why:  # say why, so the unknown can be acted on
+                top = next(iter(why))
+                count = f" ({why[top]} windows)" if why[top] else ""  # 0: no window at all
+                console.print(Text(f"  unknown: {top}{count}", style="dim"))
     legend = "  ".join(f"{c} {lab}" for lab, (c, _) in _GLYPH.items())
     console.print(Text(f"timeline: one char per window (or per group of windows): {legend}", style="dim"))
-    used = next((r.thresholds for r in results if r.thresholds), {})
+    used = next((r.verdict.thresholds for r in results if r.verdict.thresholds), {})
     if used:
         text = ", ".join(f"{k} {v:g}" for k, v in used.items())
         console.print(Text(f"thresholds set (config or flags): {text}", style="dim"))
@@ -330,15 +277,15 @@ def _short_path(path: str, limit: int = 48) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device trace per line.")
 @click.option("--model", "model_path", default=None, type=click.Path(dir_okay=False, path_type=str),
               help="Model file (default: the model shipped with phasescope).")
-@click.option("--window", type=FiniteFloatRange(min=0, min_open=True), default=None,
-              help="Window length in seconds (default: the model's).")
-@click.option("--stride", type=FiniteFloatRange(min=0, min_open=True), default=None,
-              help="Stride between windows in seconds (default: the model's).")
+@click.option("--window", type=Duration(), default=None,
+              help="Window length, e.g. 30s (default: the model's).")
+@click.option("--stride", type=Duration(), default=None,
+              help="Stride between windows, e.g. 5s (default: the model's).")
 @click.option("--min-confidence", type=FiniteFloatRange(0, 1), default=None,
               help="Windows whose best probability is below this read unknown (default: the config file's "
                    "[thresholds] min_confidence; unset, the model's own 0.5).")
-@click.option("--min-segment", "min_segment_s", type=FiniteFloatRange(min=0), default=None,
-              help="Shortest segment in seconds; shorter ones join a touching neighbour (default: the config "
+@click.option("--min-segment", "min_segment_s", type=Duration(min_open=False), default=None,
+              help="Shortest segment, e.g. 90s; shorter ones join a touching neighbour (default: the config "
                    "file's [thresholds] min_segment_s; unset, none is merged).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (its [thresholds]; default: $PHASESCOPE_CONFIG or the user's).")

@@ -209,9 +209,10 @@ def training_kpis(tl: Timeline, idle_gap_s: float = 10.0, with_peak: bool = True
     keep = ~tl.w_flop_sampled
     period = (w1 - a)[1:][chained & keep[1:]]
     step_times = period if period.size else (w1 - w0)[keep]
-    # Busy = union of forwards, backward passes and optimizer steps; the rest of each window is stall.
-    m0, m1, cum = _merged(np.concatenate((tl.f_t0[tl.f_in_window | trained], tl.b_t0, tl.o_t0)),
-                          np.concatenate((tl.f_t1[tl.f_in_window | trained], tl.b_t1, tl.o_t1)))
+    # Busy = union of forwards, loss / metric module calls, backward passes and optimizer steps; the rest of
+    # each window is stall.
+    m0, m1, cum = _merged(np.concatenate((tl.f_t0[tl.f_in_window | trained], tl.x_t0, tl.b_t0, tl.o_t0)),
+                          np.concatenate((tl.f_t1[tl.f_in_window | trained], tl.x_t1, tl.b_t1, tl.o_t1)))
     busy = _covered_upto(w1, m0, m1, cum) - _covered_upto(a, m0, m1, cum)
     win = w1 - a
     total = float(np.sum(win[keep]))
