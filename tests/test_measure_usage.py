@@ -94,7 +94,7 @@ def test_the_configs_gap_factor_applies_when_prices_are_given(tmp_path, monkeypa
     monkeypatch.setenv("PHASESCOPE_CONFIG", str(cfg))
     with Monitor("host") as mon:
         assert mon.gap_factor == 7.0
-    # prices= replaces the file's [prices], not its thresholds (docs/ARCHITECTURE.md: they always apply).
+    # prices= replaces the file's [prices], not its thresholds (docs/design/config.md: they always apply).
     with Monitor("host", prices=PRICES) as mon:
         assert mon.gap_factor == 7.0 and mon._prices == PRICES
     with Monitor("host", prices={"usd_per_kwh": 0.3}) as mon:

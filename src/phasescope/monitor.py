@@ -315,7 +315,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         # Read even when prices= is given: its thresholds.energy_gap_factor applies to every energy figure
-        # (docs/ARCHITECTURE.md); prices= used to skip the file, and with it a configured gap factor.
+        # (docs/design/config.md); prices= used to skip the file, and with it a configured gap factor.
         cfg = load_config(config)
         self.gap_factor = cfg.thresholds.energy_gap_factor
         if prices is None:

@@ -175,7 +175,7 @@ def load_alarm_model(path: str | None = None) -> PhaseModel:
     if path is not None:
         return PhaseModel.load(path)
     text = resources.files("phasescope.models").joinpath(ALARM_MODEL_FILE).read_text(encoding="utf-8")
-    return PhaseModel.from_dict(json.loads(text), f"phasescope/models/{ALARM_MODEL_FILE}")
+    return PhaseModel.from_dict(json.loads(text), f"phasescope/models/{ALARM_MODEL_FILE}", packaged=True)
 
 
 def alarm_params(model: PhaseModel) -> decide.AlarmParams:
