@@ -109,13 +109,15 @@ def prometheus_config(targets: list[str], interval: str = "1s") -> str:
     )
 
 
-def backfill(traces: list[Trace], tmp: Path, family: str) -> Path:
-    """`promtool tsdb create-blocks-from openmetrics` of the traces into tmp/tsdb."""
+def backfill(traces: list[Trace], tmp: Path, family: str,
+             targets: dict[str, dict[str, str]] | None = None) -> Path:
+    """`promtool tsdb create-blocks-from openmetrics` of the traces into tmp/tsdb (`targets`: host -> the
+    scrape target's labels, as `fleet.openmetrics.write` applies them)."""
     from phasescope.fleet.openmetrics import write
 
     exe = need_tool(PROMTOOL)
     om = tmp / "backfill.om"
-    write(traces, om, family)  # type: ignore[arg-type]
+    write(traces, om, family, targets=targets)  # type: ignore[arg-type]
     tsdb = tmp / "tsdb"
     out = subprocess.run(
         [exe, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],

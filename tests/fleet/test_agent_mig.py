@@ -66,7 +66,10 @@ def _hourly_cost(traces: list[Trace], model: PhaseModel) -> tuple[float, float]:
 
 def test_agent_mig_instances_are_priced_as_one_gpu(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
     idle = fleet_traces["idle"]
-    start, n = float(np.floor(idle.time[0])), 600
+    # The grid stays inside the recording: held past its end, readings that never change read as a frozen
+    # exporter (fleet/collect.py FROZEN_S), not as an idle GPU.
+    start = float(np.ceil(idle.time[0]))
+    n = int(idle.time[-1] - start) + 1
     grid = start + np.arange(n)
     series, label_sets = [], _info_label_sets()
     for uuid, model_name, _ in ROWS:

@@ -57,3 +57,13 @@ def test_nothing_found_names_the_window_asked(capsys: pytest.CaptureFixture[str]
         assert f"no GPU series found at {url} from 2026-12-01 11:50:00 UTC to 2026-12-01 12:00:00 UTC" in out
         assert main(["fleet", "--prometheus", url, "--since", "10m"]) == 0
         assert f"no GPU series found at {url} in the last 10m" in " ".join(capsys.readouterr().out.split())
+
+
+def test_otlp_without_serve_is_refused() -> None:
+    from click.testing import CliRunner
+
+    from phasescope.cli.fleet import command as fleet_command
+
+    r = CliRunner().invoke(fleet_command, ["--prometheus", "http://127.0.0.1:9", "--otlp-endpoint",
+                                           "http://127.0.0.1:4318"])
+    assert r.exit_code == 2 and "--otlp-endpoint" in r.output and "--serve" in r.output

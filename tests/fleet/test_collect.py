@@ -29,7 +29,7 @@ def test_both_families_land_on_one_grid(fleet_traces: dict[str, Trace]) -> None:
     }
     series = [
         # dcgm's utilisation (percent) and the agent's (ratio) for the same device: the agent's wins.
-        Series({"__name__": "DCGM_FI_DEV_GPU_UTIL", **dcgm}, grid, util * 100 + 7),
+        Series({"__name__": "DCGM_FI_DEV_GPU_UTIL", **dcgm}, grid, util * 90),  # 90% of the agent's
         Series({"__name__": "phasescope_gpu_gpu_util_ratio", **lab}, grid[:150], util[:150]),
         Series({"__name__": "DCGM_FI_DEV_FB_USED", **dcgm}, grid, mem_mib),
         Series({"__name__": "phasescope_gpu_power_watts", **lab}, grid[10:], power[10:]),
@@ -39,7 +39,7 @@ def test_both_families_land_on_one_grid(fleet_traces: dict[str, Trace]) -> None:
     (trace,) = build_traces([dev], series, start, step, n, mmap, {"GPU-1": {"power_limit": 350.0}})
     np.testing.assert_allclose(trace["mem_used"], mem_mib * MIB)
     np.testing.assert_allclose(trace["gpu_util"][:150], util[:150])  # agent's series first
-    np.testing.assert_allclose(trace["gpu_util"][150:], util[150:] + 0.07)  # dcgm fills the rest, in ratio
+    np.testing.assert_allclose(trace["gpu_util"][150:], util[150:] * 0.9)  # dcgm fills the rest, in ratio
     assert np.isnan(trace["power"][:10]).all() and np.allclose(trace["power"][10:], power[10:])
     assert (trace["power_limit"] == 350.0).all()
     assert trace.device.host == "n1" and trace.device.index == 0
@@ -107,3 +107,18 @@ def test_limits_from_dcgm_come_in_base_units() -> None:
     dev = _Device("GPU-1", "UUID", {"UUID": "GPU-1"}, set())
     limits = fetch_limits(_LimitsClient(), [dev], end=1000.0, range_s=600.0)  # type: ignore[arg-type]
     assert limits == {"GPU-1": {"mem_total": 24576.0 * MIB, "power_limit": 350.0}}
+
+
+def test_workload_matchers_are_split_from_the_selector() -> None:
+    from phasescope.fleet.collect import _workload_matches, split_selector
+
+    assert split_selector("") == ([], "")
+    assert split_selector('{namespace="ml", Hostname=~"a.*"}') == (
+        [("namespace", "=", "ml")], 'Hostname=~"a.*"')
+    assert split_selector('pod=~"x\\"y.*",container!="c"') == (
+        [("pod", "=~", 'x"y.*'), ("container", "!=", "c")], "")
+    assert split_selector('Hostname="n1"') == ([], 'Hostname="n1"')
+    assert _workload_matches({"namespace": "ml", "pod": "p-1"},
+                             [("namespace", "=", "ml"), ("pod", "=~", "p-.*")])
+    assert not _workload_matches({"namespace": "ml"}, [("namespace", "!=", "ml")])
+    assert _workload_matches({}, [("namespace", "!~", "kube-.*")])  # no workload: no namespace to exclude

@@ -16,6 +16,7 @@ import yaml
 from tests.fleet.harness import PROMTOOL, REPO, need_tool
 
 from phasescope.fleet.shard import parse_shard
+from phasescope.identity import ENV_VARS
 from phasescope.prom import names as mn
 from phasescope.sources.containers import ContainerResolver
 
@@ -167,6 +168,10 @@ def test_agent_daemonset() -> None:
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     for path in (defaults.pod_logs_root, defaults.runtime_roots[0]):
         assert mounts[str(path)]["readOnly"] is True
+    # The agent names its GPUs' host by the node (phasescope.identity), which survives a rollout.
+    env = {e["name"]: e for e in c["env"]}
+    assert "NODE_NAME" in ENV_VARS
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
 def test_fleet_statefulset_shards_by_pod_index() -> None:

@@ -17,7 +17,10 @@ from phasescope.schema import MIB, Trace
 
 def _mig_traces(idle: Trace) -> list[Trace]:
     """dcgm-exporter in MIG mode: one A100's 3g and 4g instances, each replaying a real idle GPU's series."""
-    start, n = float(np.floor(idle.time[0])), 600
+    # The grid stays inside the recording: held past its end, readings that never change read as a frozen
+    # exporter (fleet/collect.py FROZEN_S), not as an idle GPU.
+    start = float(np.ceil(idle.time[0]))
+    n = int(idle.time[-1] - start) + 1
     grid = start + np.arange(n)
     util = np.interp(grid, idle.time, idle["gpu_util"]) * 100
     mem_mib = np.interp(grid, idle.time, idle["mem_used"]) / MIB

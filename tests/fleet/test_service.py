@@ -3,8 +3,10 @@ verdicts; the real Prometheus path is in test_prometheus_e2e / test_backfill_dcg
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.http_helpers import TestClient
@@ -159,3 +161,53 @@ def test_serve_on_a_taken_port_is_one_clear_line() -> None:
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"phasescope: cannot listen on 127.0.0.1:{port}: "), lines
+
+
+def test_the_page_draws_phases_in_the_palettes_colours(
+    fleet_traces: dict[str, Trace], model: PhaseModel
+) -> None:
+    """The fleet page's timelines and legend take each label's colour and name from views/palette.py."""
+    import re
+
+    from phasescope.views.palette import ORDER, PALETTE
+
+    result = _result(fleet_traces, model)
+    svc = FleetService(ScanOptions(url="http://p:9090"), 60, model=model, scan_fn=lambda o, **kw: result)
+    svc.run_once()
+    page = page_html(svc)
+    rects = re.findall(r'<rect [^>]*fill="(#[0-9a-f]{6})" data-phase="([^"]+)"><title>([^<]+)</title>', page)
+    assert {lab for _, lab, _ in rects} >= {"training", "inference", "idle"}
+    for fill, lab, title in rects:
+        assert fill == PALETTE[lab].fill and title.startswith(PALETTE[lab].name + " ")
+    swatch = r'<span data-phase="([^"]+)" style="background:([^;]+);color:([^;]+);[^"]*">([^<]+)</span>'
+    legend = re.findall(swatch, page)
+    assert [k for k, *_ in legend] == list(ORDER)
+    for k, fill, ink, name in legend:
+        assert (fill, ink, name) == (PALETTE[k].fill, PALETTE[k].ink, PALETTE[k].name)
+
+
+def test_metrics_say_each_gpus_sample_interval_and_why_it_is_unknown(
+    fleet_traces: dict[str, Trace], model: PhaseModel
+) -> None:
+    """A GPU sampled every 30 s (unknown: no model for that interval), one whose exporter froze (stale, not
+    classified) and a 1 Hz one: the interval, the stale flag and the reason are series of their own."""
+    t = fleet_traces["training"]
+    every30 = np.searchsorted(t.time, np.arange(t.time[0], t.time[-1], 30.0))
+    coarse = Trace(replace(t.device, uuid="GPU-coarse"), t.time[every30],
+                   {k: v[every30] for k, v in t.columns.items()}, {"sample_interval_s": 30.0})
+    frozen = Trace(replace(t.device, uuid="GPU-frozen"), t.time, t.columns,
+                   {"sample_interval_s": 1.0, "frozen_since": float(t.time[0])})
+    fine = Trace(t.device, t.time, t.columns, {"sample_interval_s": 1.0})
+    result = _result({"a": coarse, "b": frozen, "c": fine}, model)
+    svc = FleetService(ScanOptions(url="http://p:9090"), 60, model=model, scan_fn=lambda o, **kw: result)
+    svc.run_once()
+    m = _samples(metrics_text(svc))
+    assert _get(m, "phasescope_fleet_gpu_sample_interval_seconds", uuid="GPU-coarse") == [30.0]
+    assert _get(m, "phasescope_fleet_gpu_stale", uuid="GPU-frozen") == [1.0]
+    assert _get(m, "phasescope_fleet_gpu_stale", uuid=t.device.uuid) == [0.0]
+    reasons = {dict(lab)["uuid"]: dict(lab)["reason"] for (n, lab), _ in m.items()
+               if n == "phasescope_fleet_gpu_unknown_reason_info"}
+    assert "sample interval 30s" in reasons["GPU-coarse"]
+    assert reasons["GPU-frozen"].startswith("stale")
+    assert t.device.uuid not in reasons
+    assert _get(m, "phasescope_fleet_gpu_phase", uuid="GPU-frozen", phase="unknown") == [1.0]

@@ -25,6 +25,33 @@ class FiniteFloatRange(click.FloatRange):
         return rv
 
 
+class Duration(click.ParamType):
+    """A time span on the command line, as everywhere in phasescope: 90s, 15m, 1h30m, 2d, or bare seconds
+    (0.5), within [min, max] (`min_open`: min itself refused). Converts to float seconds."""
+
+    name = "duration"
+
+    def __init__(self, min: float = 0.0, max: float = math.inf, min_open: bool = True) -> None:
+        self.min, self.max, self.min_open = min, max, min_open
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from phasescope.timespec import DURATION_HELP, parse_duration
+
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration(str(value), param.opts[0] if param else "duration", allow_zero=True)
+            except ValueError:
+                self.fail(f"expected {DURATION_HELP} (or seconds), got {value!r}", param, ctx)
+        if not math.isfinite(seconds) or seconds < self.min or (self.min_open and seconds == self.min):
+            bound = f"more than {self.min:g} s" if self.min_open else f"at least {self.min:g} s"
+            self.fail(f"expected {bound}, got {value!r}", param, ctx)
+        if seconds > self.max:
+            self.fail(f"expected at most {self.max:g} s, got {value!r}", param, ctx)
+        return seconds
+
+
 def model_option(help: str) -> Callable[[F], F]:
     """`--model PATH` -> `model_path` (None: the shipped model)."""
     return click.option(
@@ -38,8 +65,8 @@ def key_option(help: str) -> Callable[[F], F]:
 
 
 def duration_option(help: str) -> Callable[[F], F]:
-    """`--duration SECONDS` (> 0; None: no limit)."""
-    return click.option("--duration", type=FiniteFloatRange(min=0, min_open=True), default=None, help=help)
+    """`--duration 90s|15m|SECONDS` (> 0; None: no limit)."""
+    return click.option("--duration", type=Duration(), default=None, help=help)
 
 
 MAX_INTERVAL_S = 86400.0  # a day: beyond, the sampler's wait overflows the platform's time_t (1e10 s)
@@ -50,7 +77,7 @@ def interval_option(help: str) -> Callable[[F], F]:
     `live_interval`)."""
     return click.option(
         "--interval",
-        type=FiniteFloatRange(min=0.1, max=MAX_INTERVAL_S),
+        type=Duration(min=0.1, max=MAX_INTERVAL_S, min_open=False),
         default=None,
         help=f"{help}  [default: 1; a replay: its own recorded rate x speed]",
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 import click
 
 from phasescope import config as configmod
-from phasescope.cli._options import FiniteFloatRange, price_options
+from phasescope.cli._options import Duration, FiniteFloatRange, price_options
 from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES
 from phasescope.fleet.scan import ScanOptions, scan
 from phasescope.fleet.shard import parse_shard
@@ -82,10 +83,10 @@ def _prices(config_path: str | None, gpu_hour: float | None, kwh: float | None) 
 @click.option(
     "--timeout",
     "timeout_s",
-    type=FiniteFloatRange(min=1),
+    type=Duration(min=1.0, min_open=False),
     default=120.0,
     show_default=True,
-    help="Seconds to wait for one query.",
+    help="How long to wait for one query, e.g. 2m.",
 )
 @click.option(
     "--serve",
@@ -133,6 +134,8 @@ def command(
     Prints how many GPUs train, serve, sit idle or sit held-but-idle, by host and by Kubernetes
     namespace/pod where the series carry those labels, and the held-idle waste.
     """
+    if otlp_endpoint and not serve:
+        raise click.UsageError("--otlp-endpoint pushes the results of --serve's passes: add --serve")
     prices = _prices(config_path, price_gpu_hour, price_kwh)
     opts = ScanOptions(
         url=url,
@@ -171,7 +174,10 @@ def command(
 
     from phasescope.fleet.summary import render
 
-    console = Console()
+    # Piped into a file or `less`, rich would cut every table to 80 columns (hosts read `127.0.0.1:1…`):
+    # only a terminal's width (or $COLUMNS) limits it.
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    console = Console(width=1000 if wide else None)
     if not result.verdicts:
         # With --end the window is not "the last --since": name the one that was asked.
         window = (f"in the last {since}" if opts.end is None

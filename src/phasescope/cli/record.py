@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import sys
 import threading
@@ -18,9 +17,10 @@ from typing import Any
 
 import click
 
-from phasescope.cli._options import interval_option, live_interval
+from phasescope.cli._options import Duration, duration_option, interval_option, live_interval
 from phasescope.cli.run import CommandNotFound, _tty_foreground
 from phasescope.errors import InputError, SourceError
+from phasescope.identity import host_name
 from phasescope.schema import PAPER_SIGNALS, TickBatch
 from phasescope.sources.open import SPEC_HELP, open_source
 from phasescope.sources.sampler import Sampler, until_played_out
@@ -35,7 +35,7 @@ class RecordingWriteError(InputError):
 
 def default_output(now: float | None = None) -> Path:
     stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%dT%H%M%SZ")
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in host_name()) or "host"
     return Path(f"phasescope-{host}-{stamp}.parquet")
 
 
@@ -110,17 +110,15 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     help="Parquet file to write [default: phasescope-<host>-<utc time>.parquet here].",
 )
 @interval_option("Seconds between samples.")
-@click.option(
-    "--duration", type=float, default=None, help="Stop after this many seconds [default: until Ctrl-C]."
-)
+@duration_option("Stop after this long, e.g. 90s or 2h [default: until Ctrl-C].")
 @click.option("--source", "source_spec", default="auto", show_default=True, help=SPEC_HELP)
 @click.option(
     "--segment",
     "segment_s",
-    type=float,
+    type=Duration(min=1.0, min_open=False),
     default=60.0,
     show_default=True,
-    help="Seconds per closed Parquet segment while recording.",
+    help="Span of each closed Parquet segment while recording (at least 1s).",
 )
 @click.option(
     "--recover",

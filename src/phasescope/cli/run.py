@@ -20,17 +20,17 @@ import click
 import numpy as np
 from rich.console import Console
 
-from phasescope.cli._options import FiniteFloatRange, interval_option, live_interval
+from phasescope.cli._options import Duration, interval_option, live_interval
 from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
-from phasescope.instrument.run_report import print_summary, render_html
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
 from phasescope.kpi.run_summary import summarize
 from phasescope.schema import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.sources.scrape.poller import Poller
+from phasescope.views.run_report import print_summary, render_html
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -198,13 +198,13 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
               help="Device to watch: auto, nvml, host, replay:PATH, or none.")
 @click.option("--events", "events_path", type=click.Path(file_okay=False),
               help="Keep the raw hook events in this directory (default: a temporary one).")
-@click.option("--idle-gap", type=FiniteFloatRange(min=0, min_open=True), default=10.0, show_default=True,
-              help="A pause longer than this (seconds) between forwards is an idle segment.")
+@click.option("--idle-gap", type=Duration(), default=10.0, show_default=True,
+              help="A pause longer than this (e.g. 10s) between forwards is an idle segment.")
 @click.option("--scrape", "scrape_urls", multiple=True, metavar="URL",
               help="Also scrape this vLLM / TGI / Triton /metrics endpoint while the command runs and report "
                    "its inference KPIs over that time (repeatable).")
-@click.option("--scrape-interval", type=FiniteFloatRange(0.1, 3600), default=5.0, show_default=True,
-              help="Seconds between scrapes of --scrape endpoints.")
+@click.option("--scrape-interval", type=Duration(0.1, 3600, min_open=False), default=5.0, show_default=True,
+              help="Time between scrapes of --scrape endpoints, e.g. 5s.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(report_path: str | None, json_path: str | None, interval: float | None, source: str,

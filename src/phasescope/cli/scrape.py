@@ -10,21 +10,21 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from phasescope.cli._options import FiniteFloatRange
+from phasescope.cli._options import Duration
 from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError
-from phasescope.instrument.run_report import print_servers
 from phasescope.sources.scrape import fetch, read_file, server_kpis
+from phasescope.views.run_report import print_servers
 
 
 @click.command()
 @click.argument("target")
-@click.option("--window", type=FiniteFloatRange(0, 86_400), default=10.0, show_default=True,
-              help="URL: seconds between the two scrapes that rates and percentiles cover; 0 = one scrape, "
+@click.option("--window", type=Duration(max=86_400, min_open=False), default=10.0, show_default=True,
+              help="URL: time between the two scrapes that rates and percentiles cover; 0 = one scrape, "
                    "totals and percentiles since the server started.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the KPIs as JSON here.")
-@click.option("--timeout", type=FiniteFloatRange(0, 3600, min_open=True), default=5.0, show_default=True,
-              help="HTTP timeout, seconds.")
+@click.option("--timeout", type=Duration(max=3600), default=5.0, show_default=True,
+              help="HTTP timeout, e.g. 5s.")
 def command(target: str, window: float, json_path: str | None, timeout: float) -> None:
     """Derive requests/s, latency p50/p95/p99, TTFT, inter-token latency and tokens/s from a serving
     engine's Prometheus metrics (a URL, or a saved scrape FILE: since-start figures only).

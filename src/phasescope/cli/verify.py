@@ -12,13 +12,12 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import click
 
 from phasescope.cli._options import (
-    FiniteFloatRange,
+    Duration,
     duration_option,
     interval_option,
     key_option,
@@ -136,9 +135,9 @@ def print_table(verdicts: Sequence[dict[str, Any]], total: dict[str, Any] | None
 @click.option(
     "--window",
     "window_s",
-    type=FiniteFloatRange(min=0, min_open=True),
+    type=Duration(),
     default=None,
-    help="Verdict window length in seconds (default: one verdict per device over the whole span).",
+    help="Verdict window length, e.g. 10m (default: one verdict per device over the whole span).",
 )
 @model_option("Model file (default: the shipped model).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per verdict per line, then a summary.")
@@ -197,14 +196,13 @@ def command(
     writer: Any = None  # verify.ledger.LedgerWriter, imported only for --bundle (needs cryptography)
     meta: dict[str, Any] = {"claim": claim.text, "command": "verify"}
     if bundle:
-        if Path(bundle).exists():
-            raise InputError(bundle, "--bundle", "a new file (bundles are never overwritten)", "exists")
         from phasescope.verify import require_cryptography
 
         require_cryptography()
         from phasescope.verify.keys import load_or_create
-        from phasescope.verify.ledger import LedgerWriter
+        from phasescope.verify.ledger import LedgerWriter, require_new
 
+        require_new(bundle, "--bundle")  # before any work: an existing file, or a link to one or to nothing
         key, _ = load_or_create(key_name)
     wanted = {d.strip() for item in devices for d in item.split(",") if d.strip()}
     if inputs:
@@ -215,7 +213,9 @@ def command(
 
         src = open_source(source)
         if bundle:
-            writer = LedgerWriter(bundle, key, model=model, meta={**meta, "source": source})
+            writer = LedgerWriter(
+                bundle, key, model=model, meta={**meta, "source": source}, create_only=True
+            )
         assert duration is not None
         try:
             traces = inp.sample_live(
@@ -242,7 +242,7 @@ def command(
     total = flop_total(verdicts, claim.max_flop)
     if bundle:
         if writer is None:
-            writer = LedgerWriter(bundle, key, model=model, meta=meta)
+            writer = LedgerWriter(bundle, key, model=model, meta=meta, create_only=True)
             for t in traces:
                 writer.append_trace(t)
         else:

@@ -9,10 +9,17 @@
    they are joined by uuid at discovery, so the instances shard, batch and are priced with their GPU.
 3. The step-aligned answers land on one time grid per device; a signal held by several series (both
    metric families, or a pod label that came and went) is filled from the first that has a value.
+4. Only real samples go on: a query step finer than the scrape interval repeats each sample (Prometheus
+   answers every step with the last sample it holds), and dcgm-exporter collecting every 30 s under a 15 s
+   scrape stores each reading twice. A grid point whose every signal equals the point before is such a
+   repeat and is dropped, so the classifier sees the data's own interval (`sample_interval_s` in the
+   trace's meta), never the query step's. Values that stay the same for `FROZEN_S` are a frozen exporter
+   (`frozen_since` in the meta), not a steady GPU: real power readings move between samples.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,7 +33,7 @@ from phasescope.fleet import attribution, names
 from phasescope.fleet.shard import Shard
 from phasescope.prom import names as mn
 from phasescope.prom.client import PromClient, Series, escape_regex, selector_body
-from phasescope.schema import DeviceInfo, FloatArray, Trace
+from phasescope.schema import DeviceInfo, FloatArray, Trace, impossible
 
 # Device limits the features use (power limit, memory size): one instant value per device is enough.
 LIMIT_SIGNALS = ("power_limit", "mem_total")
@@ -36,6 +43,11 @@ GPU_INFO = mn.GPU_INFO.name  # the agent's MIG parent and profile per device (pr
 # instance the agent names `GPU-.../giN` would come back as a second device keyed `.../giN/giN`. (The
 # limits query keeps them: its answers count only for devices found here, agent values first.)
 COMPAT_EXCLUDE = 'exporter!="phasescope-compat"'
+# A device whose readings have not changed for this long, while its series kept being scraped, is read from
+# a frozen exporter (a hung DCGM keeps serving its last values). Five minutes: far longer than any
+# collection interval in use (dcgm-exporter's default is 30 s), and a real power reading moves between
+# consecutive samples, idle or not.
+FROZEN_S = 300.0
 
 
 @dataclass
@@ -55,6 +67,7 @@ class _Device:
     metrics: set[str] = field(default_factory=set)
     parent: str = ""  # a MIG instance's physical GPU, from the agent's phasescope_gpu_info ("" if none)
     profile: str = ""  # its GPU-instance profile ("3g.40gb"), from the same series
+    target: dict[str, str] = field(default_factory=dict)  # its scrape target's own labels (`up`'s), if known
 
     @property
     def ident(self) -> str:
@@ -93,6 +106,9 @@ def discover(
         for k, v in labels.items():
             if v and k != "__name__":
                 d.labels[k] = v  # later series win: pod labels present on some series only still show
+    targets = scrape_targets(client, start, end, {d.labels.get("job", "") for d in devices.values()})
+    for d in devices.values():
+        d.target = targets.get((d.labels.get("job", ""), d.labels.get("instance", "")), {})
     if any(d.label_name == "uuid" for d in devices.values()):  # the agent's devices: its MIG facts
         for key, (parent, profile) in gpu_info(client, start, end).items():
             if key in devices:
@@ -100,6 +116,37 @@ def discover(
     # A physical GPU's rows side by side (the agent's MIG uuids sort apart from their parent's):
     # `_batches` keeps them in one batch.
     return sorted(devices.values(), key=lambda d: (d.gpu, d.key))
+
+
+def scrape_targets(
+    client: PromClient, start: float, end: float, jobs: Iterable[str]
+) -> dict[tuple[str, str], dict[str, str]]:
+    """(job, instance) -> the labels Prometheus gave that scrape target, from its `up` series.
+
+    Under a ServiceMonitor or PodMonitor the target labels `pod`, `namespace` and `container` name the
+    exporter's own pod; the exporter's labels of the same names (the GPU's workload) are then renamed
+    `exported_*`. A GPU with no workload has no `exported_pod`, and its plain `pod` is the exporter's: knowing
+    the target's labels is what tells the two apart (`_workload_label`)."""
+    wanted = sorted(j for j in jobs if j)
+    if not wanted:
+        return {}
+    regex = "|".join(escape_regex(j) for j in wanted)
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for labels in client.series(f'{{__name__="up",job=~"{regex}"}}', start, end):
+        out[(labels.get("job", ""), labels.get("instance", ""))] = {
+            k: v for k, v in labels.items() if k != "__name__"
+        }
+    return out
+
+
+def _workload_label(labels: Mapping[str, str], target: Mapping[str, str], candidates: Iterable[str]) -> str:
+    """The first of `candidates` set on the series that names the GPU's workload: a label whose value is the
+    scrape target's own (the exporter's pod, its namespace) names the exporter, so it is skipped."""
+    for n in candidates:
+        v = labels.get(n)
+        if v and target.get(n) != v:
+            return v
+    return ""
 
 
 def gpu_info_from_label_sets(label_sets: Iterable[Mapping[str, str]]) -> dict[str, tuple[str, str]]:
@@ -160,9 +207,9 @@ def _device_info(d: _Device) -> DeviceInfo:
     extra = {
         k: v
         for k, v in (
-            ("pod", names.first_label(lab, names.POD_LABELS)),
-            ("namespace", names.first_label(lab, names.NAMESPACE_LABELS)),
-            ("container", names.first_label(lab, names.CONTAINER_LABELS)),
+            ("pod", _workload_label(lab, d.target, names.POD_LABELS)),
+            ("namespace", _workload_label(lab, d.target, names.NAMESPACE_LABELS)),
+            ("container", _workload_label(lab, d.target, names.CONTAINER_LABELS)),
             ("instance", lab.get("instance", "")),
             ("job", lab.get("job", "")),
             # MIG slices: its share of the price (dcgm-exporter's label, else the agent's info metric)
@@ -217,10 +264,63 @@ def build_traces(
             have |= np.isfinite(c)
         if not have.any():
             continue
-        kept = {k: v[have] for k, v in cols.items()}
+        dropped = {}
+        for sig, col in cols.items():  # a reading no GPU can give is missing, never computed with
+            bad = impossible(sig, col)
+            if bad.any():
+                col[bad] = np.nan
+                dropped[sig] = int(bad.sum())
+        time_have = grid_time[have]
+        new = fresh(np.column_stack([v[have] for v in cols.values()]))
+        kept = {k: v[have][new] for k, v in cols.items()}
         for sig, value in (limits or {}).get(d.key, {}).items():
-            kept[sig] = np.full(int(have.sum()), value)
-        out.append(Trace(_device_info(d), grid_time[have], kept, {"source": "prometheus", "step_s": step}))
+            kept[sig] = np.full(int(new.sum()), value)
+        meta: dict[str, object] = {"source": "prometheus", "step_s": step}
+        meta.update(resolution(time_have, new, cols["power"][have] if "power" in cols else None))
+        if dropped:
+            meta["impossible_values"] = dropped
+        out.append(Trace(_device_info(d), time_have[new], kept, meta))
+    return out
+
+
+def fresh(values: FloatArray) -> np.ndarray:
+    """Per row of `values` (one row per grid point, one column per signal): True for the rows that are real
+    samples, False for repeats of the sample before.
+
+    The liveliest column (the one whose value changes on the largest share of rows: power, as a rule) shows
+    how many grid points one real sample spans, `r`. Where `r` is 1 every row is kept. Otherwise a row is kept
+    where any value changed, and inside a run of identical rows every `r`-th one, so a steady stretch (an
+    idle GPU's zero utilisation, where no power series exists) still has a sample per real interval."""
+    n = values.shape[0]
+    if n < 2:
+        return np.ones(n, dtype=bool)
+    same = (values[1:] == values[:-1]) | (np.isnan(values[1:]) & np.isnan(values[:-1]))
+    both = np.isfinite(values[1:]) & np.isfinite(values[:-1])
+    share = (~same & both).sum(axis=0) / np.maximum(both.sum(axis=0), 1)  # of the rows where it has values
+    lively = float(share.max()) if share.size else 0.0
+    r = round(1.0 / lively) if lively > 0 else 1
+    if r <= 1:
+        return np.ones(n, dtype=bool)
+    changed = np.concatenate([[True], ~same.all(axis=1)])
+    run = np.cumsum(changed) - 1
+    starts = np.flatnonzero(changed)
+    return (np.arange(n) - starts[run]) % r == 0
+
+
+def resolution(time: FloatArray, new: np.ndarray, power: FloatArray | None) -> dict[str, float]:
+    """`sample_interval_s`: the median spacing of the real samples (NaN with fewer than two); and
+    `frozen_since` (Unix s) where the power reading, a value that moves between real samples, last changed
+    `FROZEN_S` or more before the device's last grid point: the exporter serves stale values."""
+    t_new = time[new]
+    out = {"sample_interval_s": float(np.median(np.diff(t_new))) if t_new.size > 1 else float("nan")}
+    if power is not None:
+        ok = np.isfinite(power)
+        p, t = power[ok], time[ok]
+        if t.size >= 3:
+            moved = np.flatnonzero(p[1:] != p[:-1])
+            since = float(t[moved[-1] + 1]) if moved.size else float(t[0])
+            if t[-1] - since >= FROZEN_S:
+                out["frozen_since"] = since
     return out
 
 
@@ -256,6 +356,36 @@ class FetchPlan:
     pods: dict[str, dict[str, str]]  # device key -> the agent's pod attribution (fleet/attribution.py)
 
 
+_MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_WORKLOAD = ("pod", "namespace", "container")
+
+
+def split_selector(selector: str) -> tuple[list[tuple[str, str, str]], str]:
+    """(the matchers on pod/namespace/container, the rest of the selector as a matcher body).
+
+    Those name the GPU's workload, which the series may hold under `exported_*` (a ServiceMonitor's scrape)
+    or not at all (the agent's pod-info series): they are applied to each device's workload labels as the
+    table shows them (`_workload_matches`), not sent to Prometheus, where `namespace` could match the
+    exporter's own namespace instead."""
+    body = selector_body(selector)
+    found = list(_MATCHER.finditer(body))
+    if not body or "".join(m.group(0) for m in found) != body:
+        return [], body  # not plain matchers (or none): sent as written
+    workload = [(m.group(1), m.group(2), m.group(3).replace('\\"', '"')) for m in found
+                if m.group(1) in _WORKLOAD]
+    rest = ",".join(m.group(0).strip().rstrip(",") for m in found if m.group(1) not in _WORKLOAD)
+    return workload, rest
+
+
+def _workload_matches(labels: Mapping[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    for name, op, value in matchers:
+        got = labels.get(name, "")
+        hit = got == value if op in ("=", "!=") else re.fullmatch(value, got) is not None
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
+
+
 def plan_fetch(
     client: PromClient,
     *,
@@ -273,16 +403,25 @@ def plan_fetch(
     if not end > start:
         raise InputError("--since", "time range", "an end after the start", f"{start}..{end}")
     mmap = names.metric_map()
-    devices = discover(client, start, end, selector, mmap)
+    workload, body = split_selector(selector)
+    devices = discover(client, start, end, body, mmap)
     devices = in_shard(devices, shard)
+    pods = attribution.fetch(client, start, end) if devices else {}
+    if workload:
+        devices = [d for d in devices if _workload_matches(_workload_of(d, pods), workload)]
     n_points = int(np.floor((end - start) / step + 1e-9)) + 1
     total = sum(max(len(d.metrics), 1) for d in devices) * n_points
     budget = min(max_samples, max(-(-total // max(parts, 1)), 1))
     limits = fetch_limits(client, devices, end, end - start) if devices else {}
     batches = list(_batches(devices, n_points, budget))
-    pods = attribution.fetch(client, start, end) if devices else {}
-    body = selector_body(selector)
     return FetchPlan(start, end, step, n_points, body, mmap, devices, batches, limits, pods)
+
+
+def _workload_of(d: _Device, pods: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The pod, namespace and container the table will show for `d` (its own series' workload labels, else
+    the agent's pod attribution, as `attribution.attach` fills them in)."""
+    own = {k: v for k, v in _device_info(d).extra.items() if k in _WORKLOAD}
+    return own if own.get("pod") or own.get("namespace") else {**own, **pods.get(d.key, {})}
 
 
 def fetch_batch(client: PromClient, plan: FetchPlan, batch: list[_Device]) -> tuple[list[Trace], int, int]:

@@ -1,7 +1,7 @@
 """Classify each fleet device's Trace, and tell idle GPUs that nobody holds from held-but-idle ones.
 
-Phase calls are the shipped model's (`PhaseModel.predict_trace`) through the same decision rules as
-`phasescope classify` (`decide.segments`, `decide.overall_label`). An idle segment counts as *held*
+Phase calls are the shipped model's, through the same verdict as `phasescope classify` (`classify.verdict`:
+segments, overall label, held idle per segment). An idle segment counts as *held*
 when the device kept at least `held_mem_bytes` of memory allocated through it (a process, or a pod
 that requested the GPU, still owns it; the median over the segment, `classify.held`) or when a pod label
 is attached to the device's series. A bare driver context is a few hundred MiB (453-728 MiB on the idle
@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from phasescope.classify import decide
-from phasescope.classify.held import memory_held
+from phasescope.classify import decide, verdict
 from phasescope.classify.model import PhaseModel
 from phasescope.kpi.cost import Cost, Prices, cost_of, mig_prices
 from phasescope.kpi.energy import device_energy
-from phasescope.schema import HELD_MEM_BYTES, PHASES, Trace
+from phasescope.schema import HELD_MEM_BYTES, PHASES, Trace, Verdict
 
 HELD_IDLE = "held_idle"
 DEFAULT_HELD_MEM_BYTES = HELD_MEM_BYTES
@@ -56,6 +55,12 @@ class DeviceVerdict:
     # Some price applied: then a None `held_idle_cost` is unmeasured held-idle energy, not "unpriced".
     priced: bool = False
     segment_held: list[bool | None] = field(default_factory=list)  # per segment; None: not idle, or not told
+    # The real samples' spacing (fleet/collect.py), not the query step; NaN where not known.
+    sample_interval_s: float = math.nan
+    reason: str = ""  # why the label is unknown (the commonest window reason, or a frozen exporter); else ""
+    stale: bool = False  # the exporter served the same readings for minutes: not classified
+    # signal -> values outside its physical range (schema.RANGES), read as missing (fleet/collect.py)
+    impossible_values: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +83,10 @@ class DeviceVerdict:
             "price_note": self.price_note,
             "samples": self.samples,
             "missing_signals": list(self.missing_signals),
+            "sample_interval_s": _num(self.sample_interval_s),
+            "reason": self.reason,
+            "stale": self.stale,
+            "impossible_values": dict(self.impossible_values),
             "segments": [_segment_dict(s, h) for s, h in
                          zip(self.segments, self.segment_held or [None] * len(self.segments), strict=True)],
         }
@@ -94,18 +103,10 @@ def _num(x: float) -> float | None:
     return decide.finite_or_none(round(float(x), 4))  # 4 digits: a fleet JSON has thousands of them
 
 
-def _segment_held(
-    trace: Trace, segs: list[decide.Segment], held_mem_bytes: float, pod: str
-) -> list[bool | None]:
-    """Per segment: an idle one held (memory, or a pod on the device) or not, None where it cannot be told;
-    None for every other segment."""
-    out: list[bool | None] = []
-    for s in segs:
-        held = None
-        if s.label == "idle":
-            held = True if pod else memory_held(trace, [(s.start, s.end)], held_mem_bytes)
-        out.append(held)
-    return out
+def _segment_held(v: Verdict, pod: str) -> list[bool | None]:
+    """Per segment: an idle one held (its memory, as the verdict judged it, or a pod on the device) or not,
+    None where it cannot be told; None for every other segment."""
+    return [None if h is None else True if pod else h.held for h in v.segment_held]
 
 
 def _held_segments(
@@ -132,6 +133,22 @@ def _fleet_label(label: str, seconds: dict[str, float]) -> str:
     return label
 
 
+def _stale(trace: Trace, since: float, price_note: str, priced: bool) -> DeviceVerdict:
+    """A device whose exporter froze at `since`: unknown, its seconds not split into phases, and why."""
+    frozen_s = float(trace.time[-1] - since) if len(trace) else 0.0
+    d, extra = trace.device, trace.device.extra
+    return DeviceVerdict(
+        uuid=d.uuid, host=d.host, model=d.name, gpu=d.index, pod=extra.get("pod", ""),
+        namespace=extra.get("namespace", ""), label=decide.UNKNOWN, current=decide.UNKNOWN, held_idle=False,
+        held=None, confidence=math.nan, probabilities={ph: math.nan for ph in PHASES}, segments=[],
+        seconds={}, samples=len(trace), missing_signals=trace.missing_signals(), price_note=price_note,
+        priced=priced, sample_interval_s=float(trace.meta.get("sample_interval_s", math.nan)),
+        reason=f"stale: the exporter has served the same readings for {frozen_s:.0f} s (frozen exporter?)",
+        stale=True,
+        impossible_values=dict(trace.meta.get("impossible_values", {})),
+    )
+
+
 def judge(
     trace: Trace,
     model: PhaseModel,
@@ -139,11 +156,16 @@ def judge(
     held_mem_bytes: float = DEFAULT_HELD_MEM_BYTES,
     price_note: str = "",
 ) -> DeviceVerdict:
-    pred = model.predict_trace(trace, evidence=False)
-    segs = decide.segments(pred)
+    if "frozen_since" in trace.meta:
+        return _stale(trace, float(trace.meta["frozen_since"]), price_note,
+                      prices is not None and prices.priced)
+    v = verdict.build(trace, model, held_mem_bytes=held_mem_bytes, evidence=False)
+    pred = v.windows
+    assert pred is not None, "verdict.build always runs the model"
+    segs = v.segments
     extra = trace.device.extra
     pod = extra.get("pod", "")
-    seg_held = _segment_held(trace, segs, held_mem_bytes, pod)
+    seg_held = _segment_held(v, pod)
     labelled = _held_segments(segs, seg_held)
     energy = device_energy(trace, labelled)
     seconds = {k: v.seconds for k, v in energy.phases.items()}
@@ -161,7 +183,7 @@ def judge(
             if held is None
             else cost_of(held.seconds, held.joules, prices, measured=held.measured)
         )
-    label = _fleet_label(decide.overall_label(segs), seconds)
+    label = _fleet_label(v.label, seconds)
     return DeviceVerdict(
         uuid=trace.device.uuid,
         host=trace.device.host,
@@ -180,10 +202,13 @@ def judge(
         held_idle_cost=cost,
         held_idle_joules=held.joules if held is not None else 0.0,
         samples=len(trace),
-        missing_signals=trace.missing_signals(),
+        missing_signals=list(v.missing_signals),
         price_note=price_note,
         priced=prices is not None and prices.priced,
         segment_held=seg_held,
+        sample_interval_s=float(trace.meta.get("sample_interval_s", math.nan)),
+        reason=next(iter(v.unknown_reasons), "") if label == decide.UNKNOWN else "",
+        impossible_values=dict(trace.meta.get("impossible_values", {})),
     )
 
 

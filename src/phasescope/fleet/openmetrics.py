@@ -13,7 +13,7 @@ dcgm-exporter does (its GPU's `UUID`, `GPU_I_ID`, `GPU_I_PROFILE`), so a backfil
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
@@ -52,7 +52,7 @@ def _instance_ids(traces: Sequence[Trace]) -> dict[str, str]:
     return out
 
 
-def _labels(trace: Trace, family: Family, gi: str = "") -> str:
+def _labels(trace: Trace, family: Family, gi: str = "", target: Mapping[str, str] | None = None) -> str:
     d = trace.device
     gpu = "" if d.index is None else str(d.index)
     if family == "dcgm":
@@ -69,6 +69,8 @@ def _labels(trace: Trace, family: Family, gi: str = "") -> str:
     else:
         pairs = [("uuid", d.uuid), ("gpu", gpu), ("model", d.name), ("host", d.host)]
     pairs += [(k, d.extra[k]) for k in ("pod", "namespace", "container") if d.extra.get(k)]
+    if target:
+        pairs = [(f"exported_{k}" if k in target else k, v) for k, v in pairs] + list(target.items())
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 
@@ -77,9 +79,11 @@ def write_stream(
     out: IO[str],
     family: Family = "phasescope",
     signals: Iterable[str] = PAPER_SIGNALS,
+    targets: Mapping[str, Mapping[str, str]] | None = None,
 ) -> int:
     """Write OpenMetrics text; returns the number of samples written."""
     n = 0
+    targets = targets or {}
     gis = _instance_ids(traces) if family == "dcgm" else {}
     for sig in signals:
         if family == "dcgm":
@@ -95,7 +99,8 @@ def write_stream(
             ok = np.isfinite(col) & np.isfinite(t.time)
             if not ok.any():
                 continue
-            prefix = f"{name}{{{_labels(t, family, gis.get(t.device.uuid, ''))}}} "
+            target = targets.get(t.device.host)
+            prefix = f"{name}{{{_labels(t, family, gis.get(t.device.uuid, ''), target)}}} "
             values = np.round(col[ok] / factor, 6)
             times = np.round(t.time[ok], 3)
             out.write(
@@ -107,7 +112,24 @@ def write_stream(
             n += int(ok.sum())
     if family == "phasescope":
         n += _write_gpu_info(traces, out)
+    n += _write_up(traces, out, targets)
     out.write("# EOF\n")
+    return n
+
+
+def _write_up(traces: Sequence[Trace], out: IO[str], targets: Mapping[str, Mapping[str, str]]) -> int:
+    """`up` = 1 for each scrape target, at every time one of its host's traces has a sample."""
+    hosts = sorted({t.device.host for t in traces if t.device.host in targets})
+    if not hosts:
+        return 0
+    out.write("# TYPE up gauge\n# HELP up Whether the scrape target answered.\n")
+    n = 0
+    for host in hosts:
+        mine = [t.time[np.isfinite(t.time)] for t in traces if t.device.host == host]
+        times = np.unique(np.concatenate(mine))
+        body = ",".join(f'{k}="{_escape(v)}"' for k, v in targets[host].items())
+        out.write("".join(f"up{{{body}}} 1 {ts:.3f}\n" for ts in np.round(times, 3).tolist()))
+        n += int(times.size)
     return n
 
 
@@ -134,6 +156,7 @@ def write(
     path: str | Path,
     family: Family = "phasescope",
     signals: Iterable[str] = PAPER_SIGNALS,
+    targets: Mapping[str, Mapping[str, str]] | None = None,
 ) -> int:
     with open(path, "w", encoding="utf-8") as f:
-        return write_stream(traces, f, family, signals)
+        return write_stream(traces, f, family, signals, targets)

@@ -29,16 +29,9 @@ from phasescope.fleet.scan import ScanOptions, ScanResult, scan
 from phasescope.fleet.summary import COLUMNS, phase_text, summary, waste_usd_text
 from phasescope.kpi.cost import Prices
 from phasescope.schema import PHASES
+from phasescope.views.palette import ORDER, PALETTE, look
 
 DEVICE_LABELS = ["uuid", "gpu", "model", "host", "pod", "namespace"]
-COLOURS = {
-    "training": "#d62728",
-    "inference": "#1f77b4",
-    "other": "#9467bd",
-    "idle": "#bbbbbb",
-    HELD_IDLE: "#ff7f0e",
-    "unknown": "#eeeeee",
-}
 
 
 @dataclass
@@ -158,8 +151,28 @@ class FleetCollector:
             "Seconds of the range the GPU sat idle while held",
             labels=DEVICE_LABELS,
         )
+        interval = GaugeMetricFamily(
+            "phasescope_fleet_gpu_sample_interval_seconds",
+            "Spacing of the GPU's real samples in the range (repeats dropped; not the query step)",
+            labels=DEVICE_LABELS,
+        )
+        stale = GaugeMetricFamily(
+            "phasescope_fleet_gpu_stale",
+            "1 when the GPU's exporter served the same readings for minutes (frozen; not classified), else 0",
+            labels=DEVICE_LABELS,
+        )
+        why = GaugeMetricFamily(
+            "phasescope_fleet_gpu_unknown_reason_info",
+            "1 for each GPU whose phase is unknown, with why (the commonest reason of its windows)",
+            labels=[*DEVICE_LABELS, "reason"],
+        )
         for v in r.verdicts:
             key = [v.uuid, "" if v.gpu is None else str(v.gpu), v.model, v.host, v.pod, v.namespace]
+            if math.isfinite(v.sample_interval_s):
+                interval.add_metric(key, v.sample_interval_s)
+            stale.add_metric(key, 1.0 if v.stale else 0.0)
+            if v.label == "unknown":
+                why.add_metric([*key, v.reason or "not told"], 1.0)
             for p in PHASES:
                 x = v.probabilities.get(p, math.nan)
                 if math.isfinite(x):
@@ -167,7 +180,7 @@ class FleetCollector:
             for p in COLUMNS:
                 current.add_metric([*key, p], 1.0 if v.label == p else 0.0)
             held.add_metric(key, v.seconds.get(HELD_IDLE, 0.0))
-        yield from (proba, current, held)
+        yield from (proba, current, held, interval, stale, why)
         s = summary(r.verdicts)
         gpus = GaugeMetricFamily("phasescope_fleet_gpus", "GPUs per phase over the range", labels=["phase"])
         for p, n in s["phases"].items():
@@ -219,10 +232,11 @@ def _timeline(v: Any, start: float, end: float, width: int = 480) -> str:
             continue
         x = (a - start) / span * width
         w = max((b - a) / span * width, 0.5)
-        lab = seg["label"]
+        p = look(seg["label"])
         rects.append(
-            f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="14" fill="{COLOURS.get(lab, "#ccc")}">'
-            f"<title>{html.escape(lab)} {b - a:.0f}s</title></rect>"
+            f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="14" fill="{p.fill}"'
+            f' data-phase="{html.escape(seg["label"])}">'
+            f"<title>{html.escape(p.name)} {b - a:.0f}s</title></rect>"
         )
     return f'<svg width="{width}" height="14" role="img">{"".join(rects)}</svg>'
 
@@ -272,7 +286,9 @@ def page_html(service: FleetService) -> str:
     parts.append(
         "</table><p>"
         + " ".join(
-            f'<span style="background:{c};padding:0 6px">{html.escape(p)}</span>' for p, c in COLOURS.items()
+            f'<span data-phase="{k}" style="{PALETTE[k].css()};padding:0 6px">'
+            f"{html.escape(PALETTE[k].name)}</span>"
+            for k in ORDER
         )
         + "</p>"
     )

@@ -116,7 +116,7 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
     )
     if show_devices:
         dev = Table(title="devices", title_justify="left")
-        for c in ("host", "gpu", "uuid", "model", "pod", "phase", "now", "conf"):
+        for c in ("host", "gpu", "uuid", "model", "pod", "phase", "now", "conf", "every", "why unknown"):
             dev.add_column(c)
         for v in sorted(verdicts, key=lambda v: (v.host, v.gpu if v.gpu is not None else -1, v.uuid)):
             dev.add_row(
@@ -128,8 +128,18 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
                 phase_text(v.label, v.held),
                 phase_text(v.current, v.held_idle),
                 "" if not math.isfinite(v.confidence) else f"{v.confidence:.2f}",
+                "" if not math.isfinite(v.sample_interval_s) else f"{v.sample_interval_s:g}s",
+                v.reason,
             )
         console.print(dev)
+        unknown = [v for v in verdicts if v.label == "unknown" and v.reason]
+        if unknown:  # the table may cut the reason; say the commonest one in full
+            reasons: dict[str, int] = {}
+            for v in unknown:
+                reasons[v.reason] = reasons.get(v.reason, 0) + 1
+            top, n = max(reasons.items(), key=lambda kv: kv[1])
+            console.print(f"{len(unknown)} GPU(s) unknown; the commonest reason ({n}): {top}", markup=False,
+                          soft_wrap=True)
 
 
 __all__ = ["COLUMNS", "PHASES", "counts", "phase_text", "render", "summary", "waste", "waste_usd_text"]
