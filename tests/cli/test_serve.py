@@ -201,6 +201,16 @@ def test_metrics_token_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatc
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("token", ["", "  "])
+def test_an_empty_token_is_refused_not_an_open_server(monkeypatch: pytest.MonkeyPatch, token: str) -> None:
+    """`--token ""` (or an empty $PHASESCOPE_TOKEN) silently served every route without a check."""
+    monkeypatch.delenv("PHASESCOPE_TOKEN", raising=False)
+    done = _run("--port", "0", "--source", "host", "--token", token)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("phasescope: --token: ") and "non-empty" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_pricing_note_names_per_model_prices_rather_than_none() -> None:
     """Prices set only per GPU model in the config file ([prices.gpu."A100"]): the page said "No prices set"
     under a table whose rows those prices cost."""

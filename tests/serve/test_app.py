@@ -39,6 +39,14 @@ def agent(shared_data: Path) -> Agent:
     return a
 
 
+def test_a_redirect_never_names_the_requests_host(agent: Agent) -> None:
+    """The trailing-slash redirect was built from the Host header: a forged Host sent the browser away."""
+    client = TestClient(build_app(agent))
+    r = client.get("/api/state/", headers={"host": "evil.example:666"}, follow_redirects=False)
+    assert 300 <= r.status_code < 400
+    assert r.headers["location"] == "/api/state"
+
+
 def test_without_token_everything_is_open(agent: Agent) -> None:
     client = TestClient(build_app(agent))
     for route in [*ROUTES, "/metrics"]:

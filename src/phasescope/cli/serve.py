@@ -100,6 +100,9 @@ def command(
     from phasescope.errors import InputError
     from phasescope.live.classify import LiveClassifier
 
+    if token is not None and not token.strip():  # an empty token would disable the check
+        raise InputError("--token", "token", "a non-empty token (an empty one would leave every route open)",
+                         token)
     if metrics_token and not token:  # else /metrics would be served public, the opposite of what was asked
         raise InputError("--metrics-token", "token", "--token TOKEN or $PHASESCOPE_TOKEN, which /metrics "
                          "would then require", "none")

@@ -237,6 +237,38 @@ def build_app(
         Route("/healthz", _guard(health, token)),
         Route("/metrics", _guard(metrics, token if metrics_token else None)),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024)])
+    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024),
+                                               Middleware(RelativeRedirects)])
     app.state.closing = closing
     return app
+
+
+class RelativeRedirects:
+    """ASGI middleware: a redirect's Location keeps only its path and query. Starlette's trailing-slash
+    redirect (`/api/state/` -> `/api/state`) builds an absolute URL from the request's Host header, so a
+    forged Host would send the browser elsewhere; a relative one cannot leave this server."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def relative(message: Any) -> None:
+            if message["type"] == "http.response.start" and 300 <= message["status"] < 400:
+                message = dict(message, headers=[
+                    (k, _path_only(v) if k.lower() == b"location" else v) for k, v in message["headers"]
+                ])
+            await send(message)
+
+        await self.app(scope, receive, relative)
+
+
+def _path_only(location: bytes) -> bytes:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(location.decode("latin-1"))
+    path = parts.path if parts.path.startswith("/") else "/" + parts.path
+    return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
