@@ -50,12 +50,12 @@ def run_agent(interval_s: float) -> None:
 
     from bench_sampler import eight_gpus
     from phasescope.classify.model import PhaseModel
-    from phasescope.cli.serve import bind
     from phasescope.config import PriceConfig
     from phasescope.live.classify import LiveClassifier
     from phasescope.schema import MIB, TickBatch
     from phasescope.serve.agent import Agent
     from phasescope.serve.app import build_app
+    from phasescope.serve.server import bind
     from phasescope.sources.nvml import NvmlSource
 
     fake = FakeNvml(eight_gpus(), mem_total_bytes=24576 * MIB, power_limit_w=350.0, energy_from_power=True,

@@ -34,6 +34,7 @@ EXPECTED_IDS = {
     "instrument-no-kpi",
     "store-below-live",
     "live-no-outputs",
+    "serve-no-cli",
 }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from phasescope.cli.serve import is_loopback
+from phasescope.serve.server import is_loopback
 from tests.serve.conftest import MIGRATION_RUN, promtool_check, serve_process
 
 

@@ -16,9 +16,10 @@ from phasescope.errors import SourceError
 from phasescope.fleet.collect import FetchStats
 from phasescope.fleet.judge import judge_all
 from phasescope.fleet.scan import ScanOptions, ScanResult
-from phasescope.fleet.service import FleetService, make_app, metrics_text, page_html
+from phasescope.fleet.service import FleetService, metrics_text
 from phasescope.fleet.shard import Shard
 from phasescope.schema import Trace
+from phasescope.serve.fleet_app import make_app, page_html
 
 # starlette's TestClient warns that it will move to httpx2; the client it has today works.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

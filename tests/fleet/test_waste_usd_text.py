@@ -15,10 +15,11 @@ from phasescope.classify.model import PhaseModel
 from phasescope.fleet.collect import FetchStats
 from phasescope.fleet.judge import HELD_IDLE, DeviceVerdict, judge
 from phasescope.fleet.scan import ScanOptions, ScanResult
-from phasescope.fleet.service import FleetService, page_html
+from phasescope.fleet.service import FleetService
 from phasescope.fleet.summary import render
 from phasescope.kpi.cost import Prices
 from phasescope.schema import Trace
+from phasescope.serve.fleet_app import page_html
 
 KWH_ONLY = Prices(usd_per_kwh=0.1)
 HELD = 256 * 1024**2  # the idle trace holds more than this: its idle time counts as held

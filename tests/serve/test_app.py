@@ -167,7 +167,7 @@ def test_stream_pushes_updates_resumes_from_last_event_id_and_needs_the_token(ag
     import urllib.error
     import urllib.request
 
-    from phasescope.cli.serve import BackgroundServer, bind
+    from phasescope.serve.server import BackgroundServer, bind
 
     server = BackgroundServer(build_app(agent, token=TOKEN), bind("127.0.0.1", 0), log_level="critical")
     server.start()
@@ -202,7 +202,7 @@ def test_stream_gzips_each_event_as_it_goes(agent: Agent) -> None:
     import http.client
     import zlib
 
-    from phasescope.cli.serve import STOP_WAIT_S, BackgroundServer, bind
+    from phasescope.serve.server import STOP_WAIT_S, BackgroundServer, bind
 
     server = BackgroundServer(build_app(agent), bind("127.0.0.1", 0), log_level="critical")
     server.start()

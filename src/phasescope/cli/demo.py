@@ -19,9 +19,9 @@ from phasescope.demo.children import DemoChildren
 from phasescope.errors import SourceError
 
 if TYPE_CHECKING:
-    from phasescope.cli.serve import BackgroundServer
     from phasescope.config import PriceConfig
     from phasescope.serve.agent import Agent
+    from phasescope.serve.server import BackgroundServer
 
 WEB_HOST = "127.0.0.1"  # the demo has no token option: its page stays on this machine
 WEB_MODULES = ("starlette", "uvicorn", "plotly", "prometheus_client")  # the web extra
@@ -53,7 +53,7 @@ def _exit_on_sigterm() -> None:
 
 def _listen(port: int | None, default_port: int, say: list[str]) -> socket.socket:
     """The dashboard's socket: `--port` exactly (0: a free one), else the config's port, else a free one."""
-    from phasescope.cli.serve import bind
+    from phasescope.serve.server import bind
 
     if port is not None:
         return bind(WEB_HOST, port)
@@ -66,8 +66,9 @@ def _listen(port: int | None, default_port: int, say: list[str]) -> socket.socke
 
 def _dashboard(agent: Agent, prices: PriceConfig, price_note: str, sock: socket.socket,
                quiet: bool) -> BackgroundServer:
-    from phasescope.cli.serve import BackgroundServer, pricing_note
+    from phasescope.cli.serve import pricing_note
     from phasescope.serve.app import build_app
+    from phasescope.serve.server import BackgroundServer
 
     note = price_note + " (an example, not your price: set [prices] in the config file)" if price_note else (
         pricing_note(prices.usd_per_gpu_hour, prices.usd_per_kwh))

@@ -154,7 +154,7 @@ def command(
         return prices.for_device(name)
 
     if serve:
-        from phasescope.fleet.service import run_service
+        from phasescope.serve.fleet_app import run_service
 
         run_service(
             opts,
