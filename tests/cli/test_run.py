@@ -278,3 +278,22 @@ def test_a_kept_events_directory_summarises_only_this_run(tmp_path: Path, run_en
     assert [d["steps"] for d in docs] == [5, 5]
     assert len(docs[1]["processes"]) == 1 and len(list(events.glob("meta-*.json"))) == 2
     assert any("1 process(es) of an earlier run" in n for n in docs[1]["notes"])
+
+
+def test_default_reports_are_unique_and_in_their_folder(tmp_path: Path, run_env: dict[str, str]) -> None:
+    """Two runs started in the same second wrote one `phasescope-run-<second>.html` in the current folder;
+    each now writes its own file (time and PID) under phasescope-runs/ (or --report-dir), and says where."""
+    cmd = [sys.executable, "-m", "phasescope", "run", "--source", "none", "--",
+           sys.executable, "-c", "pass"]
+    procs = [subprocess.Popen(cmd, env=run_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    reports = sorted((tmp_path / "phasescope-runs").glob("phasescope-run-*.html"))
+    assert len(reports) == 2 and not list(tmp_path.glob("*.html"))
+    assert all(any(f"report: phasescope-runs/{r.name}" in e for e in errs) for r in reports)
+    own = tmp_path / "mine"
+    proc = subprocess.run([*cmd[:4], "--source", "none", "--report-dir", str(own), "--", *cmd[7:]],
+                          env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(own.glob("phasescope-run-*.html"))) == 1

@@ -189,9 +189,14 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
     return (128 - code if code < 0 else code), start, time.time()
 
 
+REPORT_DIR = "phasescope-runs"  # the default reports' folder, under the current one
+
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="HTML report to write (default: phasescope-run-<time>.html here; '-' for none).")
+              help="HTML report to write (default: phasescope-run-<time>-<pid>.html in --report-dir; "
+                   "'-' for none).")
+@click.option("--report-dir", type=click.Path(file_okay=False), default=REPORT_DIR, show_default=True,
+              help="Folder for the default report (created when missing).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
 @interval_option("Device sampling interval, seconds (0.1 = 10 Hz).")
 @click.option("--source", default="auto", show_default=True,
@@ -207,7 +212,8 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
               help="Time between scrapes of --scrape endpoints, e.g. 5s.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(report_path: str | None, json_path: str | None, interval: float | None, source: str,
+def command(report_path: str | None, report_dir: str, json_path: str | None, interval: float | None,
+            source: str,
             events_path: str | None, idle_gap: float, scrape_urls: tuple[str, ...], scrape_interval: float,
             quiet: bool, cmd: tuple[str, ...]) -> None:
     """Run CMD with PyTorch hooks injected and the device watched; print and write its phases and KPIs.
@@ -215,8 +221,7 @@ def command(report_path: str | None, json_path: str | None, interval: float | No
     Example: phasescope run --json run.json -- python train.py --epochs 1
     """
     # Outputs that cannot be written are refused now, not after the command has run for hours.
-    report = None if report_path == "-" else Path(
-        report_path or time.strftime("phasescope-run-%Y%m%d-%H%M%S.html", time.localtime()))
+    report = None if report_path == "-" else Path(report_path) if report_path else default_report(report_dir)
     outputs = [(Path(json_path), "--json")] if json_path else []
     outputs += [(report, "--report")] if report is not None else []
     for path, option in outputs:
@@ -279,6 +284,18 @@ def command(report_path: str | None, json_path: str | None, interval: float | No
     if report is not None and write_output(report, "--report", render_html(doc)) and not quiet:
         click.echo(f"report: {report}", err=True)
     sys.exit(code)
+
+
+def default_report(folder: str) -> Path:
+    """`folder`/phasescope-run-<local time>-<pid>.html, the folder created: the PID keeps two runs started in
+    the same second apart (they used to write one file), and the folder keeps reports out of the code's."""
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(path, "--report-dir", "a folder that can be created",
+                         exc.strerror or str(exc)) from None
+    return path / f"phasescope-run-{time.strftime('%Y%m%d-%H%M%S', time.localtime())}-{os.getpid()}.html"
 
 
 def _json_default(value: Any) -> Any:
