@@ -47,7 +47,7 @@ def test_record_a_replayed_real_trace_to_its_end(
     # speed 200: the 256 s run plays in ~1.3 s, one sample per 0.1 s (20 recorded seconds).
     assert main(["record", "-o", str(out), "--source", f"replay:{src}?speed=200"]) == 0
     err = capsys.readouterr().err
-    assert "recorded" in err and "paper signals never seen: none" in err
+    assert "recorded" in err and "classifier signals never seen: none" in err
     assert not partial_dir_for(out).exists()
     m = json.loads(manifest_path_for(out).read_text())
     assert m["source"] == f"replay:{src}?speed=200" and m["interval_s"] == 0.1

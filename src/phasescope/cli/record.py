@@ -98,7 +98,7 @@ def _summary(manifest: dict[str, Any], path: Path) -> str:
     return (
         f"recorded {manifest['rows']} samples of {len(manifest['devices'])} device(s) over "
         f"{manifest['duration_s']:.1f} s to {path} ({_size(size)}); manifest {manifest_path_for(path).name}; "
-        f"paper signals never seen: {missing}"
+        f"classifier signals never seen: {missing}"
     )
 
 
@@ -328,7 +328,7 @@ def _record(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     progress.info(
-        f"recording to {path} (every {sampler_interval(sampler):g} s; Ctrl-C to stop; "
+        f"recording to {path} (every {sampler_interval(sampler):.3g} s; Ctrl-C to stop; "
         f"in progress: {partial_dir_for(path).name}/)"
     )
     try:

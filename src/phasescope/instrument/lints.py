@@ -18,7 +18,10 @@ from phasescope.instrument.timeline import Timeline
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    """A size a person reads at a glance: 26,624 bytes is "26 KiB", never "0.0 MiB"."""
+    if n < 2**20:
+        return f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n:.0f} bytes"
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
 
 
 def _root_name(roots: list[dict[str, Any]], r: int) -> str:
