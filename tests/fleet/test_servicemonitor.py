@@ -107,5 +107,9 @@ def test_servicemonitor_labels_and_collection_interval(
             for d in devices.values():
                 assert d["label"] == "unknown", d
                 assert "30 s" in d["reason"] or "interval" in d["reason"], d["reason"]
+            text = CliRunner().invoke(fleet_command, [a for a in args if a != "--json"])
+            assert text.exit_code == 0, text.output
+            assert f"{len(ROWS)} GPU(s) unknown; the commonest reason ({len(ROWS)}): sample interval 30s" \
+                in text.output
     finally:
         procs.stop()

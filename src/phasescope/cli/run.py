@@ -239,12 +239,8 @@ def command(report_path: str | None, report_dir: str, json_path: str | None, int
     watch = DeviceWatch(source, interval, gap_factor)
     with contextlib.ExitStack() as stack:
         if events_path:
-            events_dir = Path(events_path)
-            try:
-                events_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise InputError(events_dir, "--events", "a directory that can be created and written",
-                                 exc.strerror or str(exc)) from None
+            events_dir = _make_dir(Path(events_path), "--events",
+                                   "a directory that can be created and written")
         else:
             events_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="phasescope-run-")))
         watch.start()
@@ -286,15 +282,19 @@ def command(report_path: str | None, report_dir: str, json_path: str | None, int
     sys.exit(code)
 
 
-def default_report(folder: str) -> Path:
-    """`folder`/phasescope-run-<local time>-<pid>.html, the folder created: the PID keeps two runs started in
-    the same second apart (they used to write one file), and the folder keeps reports out of the code's."""
-    path = Path(folder)
+def _make_dir(path: Path, option: str, expected: str) -> Path:
+    """`path`, created with its parents; one InputError line (naming `option`) when it cannot be."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(path, "--report-dir", "a folder that can be created",
-                         exc.strerror or str(exc)) from None
+        raise InputError(path, option, expected, exc.strerror or str(exc)) from None
+    return path
+
+
+def default_report(folder: str) -> Path:
+    """`folder`/phasescope-run-<local time>-<pid>.html, the folder created: the PID keeps two runs started in
+    the same second apart (they used to write one file), and the folder keeps reports out of the code's."""
+    path = _make_dir(Path(folder), "--report-dir", "a folder that can be created")
     return path / f"phasescope-run-{time.strftime('%Y%m%d-%H%M%S', time.localtime())}-{os.getpid()}.html"
 
 

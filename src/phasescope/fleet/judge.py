@@ -168,7 +168,7 @@ def judge(
     seg_held = _segment_held(v, pod)
     labelled = _held_segments(segs, seg_held)
     energy = device_energy(trace, labelled)
-    seconds = {k: v.seconds for k, v in energy.phases.items()}
+    seconds = {k: e.seconds for k, e in energy.phases.items()}
     held = energy.phases.get(HELD_IDLE)
     current = segs[-1].label if segs else decide.UNKNOWN
     proba = {ph: math.nan for ph in PHASES}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,10 +135,7 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
         console.print(dev)
         unknown = [v for v in verdicts if v.label == "unknown" and v.reason]
         if unknown:  # the table may cut the reason; say the commonest one in full
-            reasons: dict[str, int] = {}
-            for v in unknown:
-                reasons[v.reason] = reasons.get(v.reason, 0) + 1
-            top, n = max(reasons.items(), key=lambda kv: kv[1])
+            ((top, n),) = Counter(v.reason for v in unknown).most_common(1)
             console.print(f"{len(unknown)} GPU(s) unknown; the commonest reason ({n}): {top}", markup=False,
                           soft_wrap=True)
 

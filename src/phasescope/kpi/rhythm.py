@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phasescope.errors import InputError
-from phasescope.schema import Trace
+from phasescope.schema import FloatArray, Trace
 
 F64 = npt.NDArray[np.float64]
 
@@ -278,13 +278,17 @@ def _coverage(x: F64) -> float:
     return float(np.isfinite(x).mean()) if x.size else 0.0
 
 
+def _span_arrays(t: Any, util: Any, power: Any) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """A span's time, utilisation and power as float arrays, each checked against the time (`_check`)."""
+    ta, u, p = (np.asarray(x, dtype=np.float64) for x in (t, util, power))
+    _check(ta, u, "gpu_util")
+    _check(ta, p, "power")
+    return ta, u, p
+
+
 def training_figures(t: Any, util: Any, power: Any) -> dict[str, Figure]:
     """Step period, steps per hour and stall share of a training span."""
-    t = np.asarray(t, dtype=np.float64)
-    u = np.asarray(util, dtype=np.float64)
-    p = np.asarray(power, dtype=np.float64)
-    _check(t, u, "gpu_util")
-    _check(t, p, "power")
+    t, u, p = _span_arrays(t, util, power)
     r = rhythm(t, {name: x for name, x in (("gpu_util", u), ("power", p)) if np.isfinite(x).any()})
     used = " and ".join(r.signals) or "no signal"
     how = (f"autocorrelation of {used} on a {r.grid_s:.3g} s grid (linearly detrended stretches); the "
@@ -325,11 +329,7 @@ def _runs(mask: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.int64], npt.NDArr
 
 def inference_figures(t: Any, util: Any, power: Any) -> dict[str, Figure]:
     """Busy fraction, busy bursts (rate, mean length) and saturation of an inference span."""
-    t = np.asarray(t, dtype=np.float64)
-    u = np.asarray(util, dtype=np.float64)
-    p = np.asarray(power, dtype=np.float64)
-    _check(t, u, "gpu_util")
-    _check(t, p, "power")
+    t, u, p = _span_arrays(t, util, power)
     ok = np.isfinite(u)
     cov = _coverage(u)
     dt = _median_dt(t)
