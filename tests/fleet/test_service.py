@@ -20,6 +20,7 @@ from phasescope.fleet.service import FleetService, metrics_text
 from phasescope.fleet.shard import Shard
 from phasescope.schema import Trace
 from phasescope.serve.fleet_app import make_app, page_html
+from phasescope.views.palette import FAVICON
 
 # starlette's TestClient warns that it will move to httpx2; the client it has today works.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -75,6 +76,7 @@ def test_metrics_page_and_api(fleet_traces: dict[str, Trace], model: PhaseModel)
 
     html = page_html(svc)
     assert "GPU-training" in html and "<svg" in html and "held-idle waste" in html
+    assert FAVICON in html
 
     with TestClient(make_app(svc)) as client:
         doc = client.get("/api/fleet").json()

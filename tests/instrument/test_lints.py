@@ -66,3 +66,9 @@ def test_autograd_inference_needs_a_graph_that_was_built() -> None:
 
 def test_forwards_that_raised_are_not_linted() -> None:
     assert _codes(_serving(ev.MODULE_TRAINING | ev.GRAD_ENABLED | ev.HAS_GRAPH | ev.RAISED, True)) == []
+
+
+def test_train_mode_serving_names_the_layers_in_a_sentence() -> None:
+    (warning,) = lint(build(_serving(ev.MODULE_TRAINING | ev.INFERENCE_MODE, True)))
+    layers = ", ".join(_meta(True)["roots"][0]["mode_sensitive_layers"])
+    assert f"ran in train() mode, so its {layers} layers act as in training" in warning["message"]

@@ -13,6 +13,7 @@ from phasescope.kpi.cost import Prices
 from phasescope.report import build, render
 from phasescope.report.page import decimate
 from phasescope.sources.replay import read
+from phasescope.views.palette import FAVICON
 from tests.live_helpers import TRAINING_RUN
 
 # Real files of four formats: SensorGuard CSV, 8x H100 nvidia-smi at 10 Hz, SPAR Parquet, nvidia-smi dmon.
@@ -39,6 +40,7 @@ def test_page_is_self_contained_and_shows_the_phases(shared_data: Path, model: P
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert not REMOTE_SCRIPT.search(page) and not REMOTE_ANY.search(page)
     assert "Plotly.newPlot" in page and "plotly.js" in page[:200_000]  # the library itself is inline
+    assert FAVICON in page.split("</head>")[0]
     for d in data.devices:
         assert f"data-phase='{d.label}'" in page  # every device's phase is on the page as a badge
     for i in range(len(data.devices)):

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+import urllib.parse
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
 
 from phasescope.classify.decide import UNKNOWN
 from phasescope.schema import PHASES
-from phasescope.views.palette import HELD_IDLE, ORDER, PALETTE, as_json, look
+from phasescope.views.palette import FAVICON, HELD_IDLE, ORDER, PALETTE, as_json, look
 
 MACHADO_2009 = {  # linear RGB -> simulated linear RGB, severity 1.0 (Machado et al. 2009, table/supplement)
     "protanopia": ((0.152286, 1.052583, -0.204868), (0.114503, 0.786281, 0.099216),
@@ -167,3 +170,15 @@ def test_the_web_and_terminal_forms_carry_the_same_colours() -> None:
         assert doc[k] == {"name": PALETTE[k].name, "fill": PALETTE[k].fill, "ink": PALETTE[k].ink}
         assert PALETTE[k].css() == f"background:{PALETTE[k].fill};color:{PALETTE[k].ink}"
         assert PALETTE[k].terminal == f"bold {PALETTE[k].ink} on {PALETTE[k].fill}"
+
+
+def test_every_page_has_the_phase_icon_inline() -> None:
+    """A page without an icon makes the browser ask for /favicon.ico: a 404 in every server log."""
+    href = re.fullmatch(r"<link rel='icon' href=\"data:image/svg\+xml,(.*)\">", FAVICON)
+    assert href is not None
+    svg = ET.fromstring(urllib.parse.unquote(href.group(1)))
+    fills = [r.get("fill") for r in svg.iter("{http://www.w3.org/2000/svg}rect")]
+    assert fills == [PALETTE[p].fill for p in PHASES]
+    from phasescope.serve.page import render
+
+    assert FAVICON in render("t", "plotly.js", {})  # the report, run report and fleet pages: their own tests

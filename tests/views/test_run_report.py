@@ -14,7 +14,7 @@ from rich.console import Console
 
 from phasescope.instrument.events import load_events
 from phasescope.kpi.run_summary import summarize
-from phasescope.views.palette import PALETTE
+from phasescope.views.palette import FAVICON, PALETTE
 from phasescope.views.run_report import kpi_rows, print_summary, render_html
 
 
@@ -40,6 +40,7 @@ def test_the_timeline_bar_draws_each_segment_in_its_palette_colour(doc: dict[str
     for phase, title, fill in bars:
         assert fill == PALETTE[phase].fill and title.startswith(PALETTE[phase].name + " ")
     # the old run report's own colours (training blue, inference green) are gone
+    assert FAVICON in page.split("</head>")[0]
     assert "#3b7dd8" not in page and "#2ca25f" not in page
 
 

@@ -160,11 +160,12 @@ def command(
         agent.state.price_note = price_note
         # Parse the model's boosters beside the first ticks rather than before them (seconds).
         threading.Thread(target=agent.classifier.warm_up, name="phasescope-warm-up", daemon=True).start()
-        if sock is not None:
-            server = _dashboard(agent, prices, price_note, sock, quiet=not plain)
-            notices.append(f"dashboard: {server.url}")
         for line in notices:
             agent.state.note(line)
+        if sock is not None:
+            server = _dashboard(agent, prices, price_note, sock, quiet=not plain)
+            # On the screen's status line; --plain prints it once below, as `demo: dashboard at URL`.
+            agent.state.note(f"dashboard: {server.url}")
         if plain:
             for line in notices:
                 click.echo(f"phasescope: {line}", err=True)

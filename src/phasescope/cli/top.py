@@ -313,7 +313,7 @@ def command(
     Examples:
       phasescope top                      # full screen; ? for keys, q to quit
       phasescope top --once               # one table, e.g. in a script
-      phasescope top --source replay:run.parquet?speed=10 --price-gpu-hour 2.5
+      phasescope top --source 'replay:run.parquet?speed=10' --price-gpu-hour 2.5
       phasescope top --events ./events    # with KPIs from `phasescope run` hooks
       phasescope top --scrape http://localhost:8000/metrics@0   # vLLM serving on GPU 0
       phasescope top --store live.sqlite --history 30m          # history after a restart

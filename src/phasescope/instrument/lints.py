@@ -37,14 +37,14 @@ def lint(tl: Timeline) -> list[dict[str, Any]]:
     for r in np.unique(tl.f_root):
         mine = tl.f_root == r
         name = _root_name(roots, int(r))
-        layers = ", ".join(roots[r]["mode_sensitive_layers"]) if 0 <= r < len(roots) else ""
+        layers = ", ".join(roots[r]["mode_sensitive_layers"]) if 0 <= r < len(roots) else "mode-sensitive"
         bad = inf & mine & tl.flag(ev.MODULE_TRAINING) & sensitive
         if bad.any():
             n, of = int(bad.sum()), int((inf & mine).sum())
             out.append({
                 "code": "train_mode_inference", "module": name, "count": n,
-                "message": f"{n} of {of} inference forwards of {name} ran in train() mode, so {layers} "
-                           f"behave as in training (random dropout, batch statistics): "
+                "message": f"{n} of {of} inference forwards of {name} ran in train() mode, so its {layers} "
+                           f"layers act as in training (random dropout, batch statistics): "
                            f"call model.eval() before serving.",
             })
         bad = inf & mine & tl.flag(ev.GRAD_ENABLED) & tl.flag(ev.HAS_GRAPH)

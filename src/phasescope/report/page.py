@@ -22,7 +22,7 @@ from phasescope.views.display import (
     fmt_usd,
     fmt_watts,
 )
-from phasescope.views.palette import UNKNOWN, look
+from phasescope.views.palette import FAVICON, UNKNOWN, look
 
 MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and max
 # Browsers keep about 16 WebGL contexts per page (Chrome, Safari) and drop the oldest beyond that, which
@@ -322,7 +322,7 @@ def render(data: ReportData) -> str:
 
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.created))
     head = (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>" + FAVICON +
         f"<title>phasescope report: {_e(', '.join(data.inputs))}</title>"
         f"<style>{_CSS}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"

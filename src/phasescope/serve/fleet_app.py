@@ -16,7 +16,7 @@ from phasescope.fleet.service import FleetService, metrics_text
 from phasescope.fleet.summary import COLUMNS, phase_text, waste_usd_text
 from phasescope.kpi.cost import Prices
 from phasescope.serve.server import bind, make_server, url_of
-from phasescope.views.palette import ORDER, PALETTE, look
+from phasescope.views.palette import FAVICON, ORDER, PALETTE, look
 
 # -- the fleet page ------------------------------------------------------------------------------
 
@@ -45,7 +45,7 @@ def page_html(service: FleetService) -> str:
     st = service.snapshot()
     r = st.result
     head = (
-        "<!doctype html><meta charset=utf-8><title>phasescope fleet</title><style>"
+        "<!doctype html><meta charset=utf-8>" + FAVICON + "<title>phasescope fleet</title><style>"
         "body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}.n{text-align:right}"
         ".err{color:#b00}</style><h1>phasescope fleet</h1>"

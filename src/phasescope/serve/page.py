@@ -14,13 +14,14 @@ from __future__ import annotations
 import html
 import json
 
-from phasescope.views.palette import HELD_IDLE, PALETTE, as_json
+from phasescope.views.palette import FAVICON, HELD_IDLE, PALETTE, as_json
 
 _TEMPLATE = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <title>phasescope · __TITLE__</title>
+__FAVICON__
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
  body { font: 14px/1.4 system-ui, sans-serif; margin: 0; background: #f5f6f8; color: #1d2733; }
@@ -287,7 +288,7 @@ def render(title: str, plotly_src: str, config: dict[str, object]) -> str:
     cfg = dict(config, palette=as_json())
     blob = json.dumps(cfg).replace("</", "<\\/")
     return (
-        _TEMPLATE.replace("__TITLE__", html.escape(title))
+        _TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__FAVICON__", FAVICON)
         .replace("__HELD__", PALETTE[HELD_IDLE].fill)
         .replace("__PLOTLY__", html.escape(plotly_src))
         .replace("__CONFIG__", blob)

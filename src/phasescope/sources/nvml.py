@@ -807,10 +807,19 @@ def open_nvml_or_none(say: Callable[[str], None]) -> NvmlSource | None:
     """For `--source auto`: an NvmlSource, or None after saying once why the host alone is watched."""
     ok, line = nvml_available()
     if not ok:
-        say(line)
+        say(_host_instead(line))
         return None
     try:
         return NvmlSource()
     except SourceError as exc:
-        say(str(exc))
+        say(_host_instead(str(exc)))
         return None
+
+
+def _host_instead(line: str) -> str:
+    """`auto` already watches the host: say so, and do not tell a CPU-only machine to install a driver."""
+    if line.startswith("NVML library not found"):
+        return ("no NVIDIA driver here (libnvidia-ml.so.1 not found): "
+                "watching the host's CPU, memory and processes")
+    line = line.replace(f", {INSTALL_HINT}", "").replace("; watching the host only", "")
+    return f"{line}; watching the host only"

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from phasescope.classify.decide import UNKNOWN
 from phasescope.schema import PHASES
 
-__all__ = ["HELD_IDLE", "ORDER", "PALETTE", "UNKNOWN", "PhaseLook", "as_json", "look"]
+__all__ = ["FAVICON", "HELD_IDLE", "ORDER", "PALETTE", "UNKNOWN", "PhaseLook", "as_json", "look"]
 
 # fleet/judge.py's label for a held-idle segment (fleet keeps the name; tests check the two agree).
 HELD_IDLE = "held_idle"
@@ -72,6 +72,18 @@ def look(label: str) -> PhaseLook:
     if first is not None:
         return PhaseLook(label, first.fill, first.ink)
     return PhaseLook(label, PALETTE[UNKNOWN].fill, PALETTE[UNKNOWN].ink)
+
+
+# Every page's tab icon, inline (no request, so no 404 in the server's log): the four phases as quarters.
+FAVICON = (
+    "<link rel='icon' href=\"data:image/svg+xml,"
+    "%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
+    + "".join(
+        f"%3Crect x='{x}' y='{y}' width='8' height='8' fill='%23{PALETTE[p].fill[1:]}'/%3E"
+        for p, (x, y) in zip(PHASES, ((0, 0), (8, 0), (0, 8), (8, 8)), strict=True)
+    )
+    + "%3C/svg%3E\">"
+)
 
 
 def as_json() -> dict[str, dict[str, str]]:

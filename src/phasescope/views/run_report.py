@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from phasescope.views.palette import look
+from phasescope.views.palette import FAVICON, look
 
 
 def _fmt(value: Any, unit: str = "") -> str:
@@ -196,7 +196,7 @@ def _badge(label: str) -> str:
 
 def render_html(doc: dict[str, Any]) -> str:
     """A self-contained page (inline CSS, no scripts) with the timeline, KPIs, warnings and telemetry."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>phasescope run</title>"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'>{FAVICON}<title>phasescope run</title>"
              f"<style>{_CSS}</style></head><body><h1>phasescope run</h1>"]
     cmd = " ".join(doc.get("command") or [])
     parts.append(f"<p><code>{html.escape(cmd)}</code> exited with {doc.get('exit_code', '-')}; "

@@ -151,7 +151,8 @@ def detect(path: PathLike) -> str:
     raise InputError(
         p,
         "format",
-        f"one of the known formats ({known_formats()}); force one with --format",
+        f"one of the known formats ({known_formats()}); force one with --format F, or format=F in a"
+        " --source 'replay:PATH?format=F' spec",
         "unrecognised content",
     )
 
