@@ -92,3 +92,32 @@ def test_a_collector_base_url_gets_the_metrics_path(
     assert posted and set(posted) == {"/v1/metrics"}
     with pytest.raises(InputError, match=r"^collector:4318: OTLP endpoint: expected an http:// or https://"):
         OtlpFleetExporter.to_endpoint("collector:4318")
+
+
+def test_each_pass_is_pushed_when_it_ends(fleet_traces: dict[str, Trace], model: PhaseModel) -> None:
+    """`--otlp-endpoint` followed the SDK's fixed 60 s clock, not `--every`: a pass is pushed as it ends."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.http_helpers import serving
+
+    posted: list[int] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(len(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    vs = judge_all(fleet_traces.values(), model)
+    with serving(Collector) as url:
+        exp = OtlpFleetExporter.to_endpoint(url, interval_s=3600.0)  # the SDK's timer never fires here
+        try:
+            for n in (1, 2):
+                exp.push(ScanResult(0.0, 1.0, vs, FetchStats(), 0.1, 0.1, model.version))
+                assert len(posted) == n and posted[-1] > 0
+        finally:
+            exp.shutdown()

@@ -136,7 +136,8 @@ def run_service(
         if otlp_endpoint:
             from phasescope.fleet.otel import OtlpFleetExporter
 
-            OtlpFleetExporter.to_endpoint(otlp_endpoint).attach(service)
+            # Pushed after each pass; the SDK's own timer, at the same pace, only repeats the latest one.
+            OtlpFleetExporter.to_endpoint(otlp_endpoint, interval_s=every_s).attach(service)
         service.start()
         say(f"fleet: serving {url_of(sock)} (a pass of {opts.url} every {every_s:g}s)")
         make_server(make_app(service)).run(sockets=[sock])
