@@ -50,9 +50,11 @@ def test_the_segment_tables_phase_is_a_palette_badge(doc: dict[str, Any]) -> Non
     assert {b[0] for b in badges} == {"training", "inference", "idle"}
     for phase, style, name in badges:
         assert style == PALETTE[phase].css() and name == PALETTE[phase].name
-    # every colour on the page is the palette's or one of the page's neutral greys
+    # every colour on the page is the palette's or one of the page's neutral greys (plotly's own script and
+    # its chart template aside: the chart's line is the palette's, checked below)
     neutral = {"#222", "#ccc", "#f3f3f3", "#a60"}
-    colours = set(re.findall(r"#[0-9a-fA-F]{6}\b|#[0-9a-fA-F]{3}\b", page))
+    markup = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    colours = set(re.findall(r"#[0-9a-fA-F]{6}\b|#[0-9a-fA-F]{3}\b", markup))
     assert colours - neutral <= {p.fill for p in PALETTE.values()} | {p.ink for p in PALETTE.values()}
 
 
@@ -78,3 +80,31 @@ def test_hooks_kpi_rows_name_the_phase(doc: dict[str, Any]) -> None:
     rows = [r for p in doc["processes"] for r in kpi_rows(p)]
     assert {r[0] for r in rows} >= {"training", "inference"}
     assert ("training", "steps", "40") in rows
+
+
+def test_a_training_process_gets_charts_over_time(doc: dict[str, Any]) -> None:
+    """Step time, samples/s and the loss (issue 19 item 5), recorded by the injected hooks in a real run."""
+    import json
+
+    (train,) = [p for p in doc["processes"] if p["training"]]
+    series = train["series"]
+    assert len(series["loss"]) == train["training"]["backward_passes"] == 40  # mlp_train.py's 40 steps
+    assert all(isinstance(v, float) for v in series["loss"])
+    page = render_html(doc)
+    assert page.count("<script type='text/javascript'>") == 1  # plotly's JS, inline, once
+    div = f'id="series-{train["pid"]}"'
+    assert div in page
+    figure = re.search(r'Plotly\.newPlot\(\s*"series-%d",\s*(\[.*?\]),\s*\{' % train["pid"], page, re.S)
+    assert figure is not None
+    traces = json.loads(figure.group(1))
+    assert [t["name"] for t in traces] == ["step time (s)", "samples/s", "loss"]
+    assert traces[2]["y"] == pytest.approx(series["loss"])
+    assert {t["line"]["color"] for t in traces} == {PALETTE["training"].fill}
+    for p in doc["processes"]:
+        if not p["training"]:
+            assert p["series"] is None and f'id="series-{p["pid"]}"' not in page
+
+
+def test_a_run_without_training_has_no_script(doc: dict[str, Any]) -> None:
+    only_inference = dict(doc, processes=[p for p in doc["processes"] if not p["training"]])
+    assert "<script" not in render_html(only_inference)

@@ -39,6 +39,9 @@ OPT_BEGIN = 6.0  # a=optimizer id, b=step number of that optimizer
 OPT_END = 7.0  # a=optimizer id, b=step number
 FLOP_SAMPLE_BEGIN = 8.0  # a=optimizer id, b=step number the sample covers
 FLOP_SAMPLE_END = 9.0  # a=optimizer id, b=step number
+# t=when `backward()` was called on a one-element tensor, a=its value (the loss; an AMP GradScaler's scaled
+# loss is recorded unscaled). Written once the value is on the host, so after later rows: sort by t to read.
+LOSS = 11.0
 
 # Bits of `flags` on FWD (version 1: FWD_END): the autograd and module state the forward ran under.
 GRAD_ENABLED = 1

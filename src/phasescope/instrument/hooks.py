@@ -16,6 +16,10 @@
   forward's graph, so we learn which forwards were trained on. The autograd engine's `queue_callback`
   (what DDP and FSDP use) marks the end of that backward pass.
 - `register_optimizer_step_pre_hook` / `register_optimizer_step_post_hook`: one optimizer step = one step.
+- The loss: `torch.autograd.backward` (which `Tensor.backward` calls) is wrapped while installed, and a
+  one-element tensor a backward pass starts from is kept (an AMP `GradScaler.scale` output maps back to the
+  loss it scaled). Never a device sync in the step: a CPU loss is read at once, a CUDA one is copied to
+  pinned host memory without blocking and read by the flush thread once its CUDA event has completed.
 - A root call is flagged DOWNSTREAM, no forward of its own and no batch (timeline.py keeps it as work only),
   when its module holds no state (no parameters, buffers or state dict: a loss, metric or activation module)
   or its first input carries an autograd graph (called on a forward's output: `criterion(model(x), y)`).
@@ -230,6 +234,11 @@ class Recorder:
         self.memory_sample: dict[str, Any] | None = None
         self._saved_ctx: Any = None
         self._handles: list[Any] = []
+        # Losses not yet written: (t, value) on the CPU, (t, pinned host buffer, CUDA event) for a CUDA loss.
+        self._losses: list[tuple[float, Any, Any]] = []
+        self._loss_lock = threading.Lock()
+        self._scaled: dict[int, tuple[weakref.ReferenceType[Tensor], Tensor]] = {}  # GradScaler out -> loss
+        self._patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) put back by uninstall
         self._gdict: dict[int, Any] | None = None
         self._gid = -1
         self._finder: Any = None
@@ -279,6 +288,7 @@ class Recorder:
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
+        self._patch_loss()
         if not self._registered:  # once per Recorder, however often it is installed
             self._registered = True
             os.register_at_fork(after_in_child=self._after_fork)
@@ -295,6 +305,9 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched = []
         if self._global_post is not None:
             self._global_post.remove()
             self._global_post = None
@@ -331,6 +344,8 @@ class Recorder:
         # A forked child (DataLoader worker, fork-based server) starts with an empty log and does not write:
         # its parent's rows are the parent's. Spawned children are recorded through sitecustomize instead.
         self.buffer.clear()
+        self._losses = []  # the parent's CUDA events mean nothing here
+        self._loss_lock = threading.Lock()
         self._pid = os.getpid()
         self.events_dir = None
         self._reset_threads()
@@ -648,6 +663,74 @@ class Recorder:
         self._in_bwd = False
         self._emit((ev.BWD_END, monotonic(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
 
+    # ----- loss ---------------------------------------------------------------------------------
+    def _patch_loss(self) -> None:
+        import torch.autograd as autograd
+
+        real_backward = autograd.backward
+        note = self._note_loss
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            note(tensors)
+            return real_backward(tensors, *args, **kwargs)
+
+        autograd.backward = backward
+        self._patched.append((autograd, "backward", real_backward))
+        scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler_cls is not None:
+            real_scale = scaler_cls.scale
+            scaled = self._scaled
+
+            def scale(scaler: Any, outputs: Any) -> Any:
+                out = real_scale(scaler, outputs)
+                if isinstance(out, Tensor) and out is not outputs and out.numel() == 1:
+                    if len(scaled) > 64:  # scaled losses never backpropagated: drop, do not grow
+                        scaled.clear()
+                    scaled[id(out)] = (weakref.ref(out), outputs.detach())
+                return out
+
+            scaler_cls.scale = scale
+            self._patched.append((scaler_cls, "scale", real_scale))
+
+    def _note_loss(self, tensors: Any) -> None:
+        t = monotonic()
+        loss = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            return
+        try:
+            hit = self._scaled.pop(id(loss), None)
+            if hit is not None and hit[0]() is loss:
+                loss = hit[1]
+            value = loss.detach()
+            if value.device.type == "cpu":
+                self._losses.append((t, float(value), None))
+            elif value.device.type == "cuda":
+                host = torch.empty((), dtype=value.dtype, pin_memory=True)
+                host.copy_(value.reshape(()), non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+                self._losses.append((t, host, done))
+        except Exception:  # never break the user's backward for a figure
+            return
+
+    def _drain_losses(self, wait: bool = False) -> None:
+        """Write the losses whose values are on the host, in order (all of them, waiting, when `wait`).
+        Only this takes from the list; the training thread's appends after the count taken here stay."""
+        with self._loss_lock:
+            losses = self._losses
+            ready = 0
+            for _, _, done in losses[: len(losses)]:
+                if done is not None and not wait and not done.query():
+                    break  # one stream's events complete in order: the rest are not done either
+                ready += 1
+            taken = losses[:ready]
+            del losses[:ready]
+        for t, value, done in taken:
+            if done is not None:
+                done.synchronize()  # done already, or `wait` (the end of the run)
+                value = float(value)
+            self._emit((ev.LOSS, t, value, 0.0, 0.0, 0.0, 0.0, 0.0))
+
     # ----- optimizer ----------------------------------------------------------------------------
     def _opt_id(self, opt: torch.optim.Optimizer) -> int:
         oid = self._opts.get(id(opt))
@@ -755,9 +838,11 @@ class Recorder:
     def process_events(self) -> ev.ProcessEvents:
         import time
 
+        self._drain_losses(wait=True)
         return ev.ProcessEvents(self._pid, self.buffer.snapshot(), time.time() - monotonic(), self.meta())
 
     def flush(self) -> None:
+        self._drain_losses(wait=True)
         if self.events_dir is None or os.getpid() != self._pid:
             return
         with self._flush_lock:
@@ -790,6 +875,7 @@ class Recorder:
         stop = self._stop
         while not stop.wait(self.flush_s):
             self._watch_dead_calls()
+            self._drain_losses()
             if self.events_dir is None:
                 self.buffer.compact()
             else:

@@ -80,6 +80,9 @@ class Timeline:
     w_t1: F64
     w_flop_sampled: B
     f_pending: B | None = None  # live only: may still be trained (see module doc); None: nothing pending
+    # losses (the scalar each backward pass started from), in time order
+    l_t: F64 = field(default_factory=lambda: np.empty(0))
+    l_v: F64 = field(default_factory=lambda: np.empty(0))
     segments: list[Segment] = field(default_factory=list)
 
     def flag(self, bit: int) -> B:
@@ -182,6 +185,9 @@ def build(pe: ev.ProcessEvents, idle_gap_s: float = 10.0, now: float | None = No
         o_id=o_id, o_step=o_step, o_t0=o_t0, o_t1=o_t1, main_opt=main_opt,
         w_t0=w_t0, w_t1=w_t1, w_flop_sampled=sampled,
     )
+    loss = rows[kind == ev.LOSS]
+    loss = loss[np.argsort(loss[:, 1], kind="stable")]  # written when read back, not when called
+    tl.l_t, tl.l_v = loss[:, 1], loss[:, 2]
     if now is not None:
         tl.f_pending = _pending(tl, now - pe.wall_offset)
     tl.segments = _segments(tl, idle_gap_s)

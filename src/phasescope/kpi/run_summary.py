@@ -8,7 +8,7 @@ from phasescope.instrument import events as ev
 from phasescope.instrument.lints import lint
 from phasescope.instrument.timeline import Timeline, build
 from phasescope.kpi.inference import inference_kpis
-from phasescope.kpi.training import training_kpis
+from phasescope.kpi.training import step_series, training_kpis
 
 SUMMARY_VERSION = 1
 
@@ -29,6 +29,7 @@ def process_summary(tl: Timeline, idle_gap_s: float, with_peak: bool) -> dict[st
         "requests": inference["requests"] if inference else 0,
         "training": training,
         "inference": inference,
+        "series": step_series(tl, idle_gap_s) if training else None,
         "warnings": lint(tl),
     }
 

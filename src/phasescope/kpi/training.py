@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from phasescope.instrument import events as ev
 from phasescope.instrument.timeline import F64, Timeline
@@ -189,23 +190,67 @@ def peak_for(tl: Timeline, dtype: str) -> tuple[float | None, str]:
     return peak, f"measured CPU matmul peak ({dtype}, {tl.meta.get('torch_threads')} threads)"
 
 
+def _step_starts(tl: Timeline, idle_gap_s: float) -> tuple[F64, npt.NDArray[np.bool_]]:
+    """Where each step of the main optimizer starts: at the previous step's end when the two are chained
+    (one training stretch: no inference between, a gap under `idle_gap_s`), else at its own window's start;
+    and, per step after the first, whether it is chained."""
+    w0, w1 = tl.w_t0, tl.w_t1
+    inf_t0 = np.sort(tl.f_t0[tl.inference_mask])
+    a = w0.copy()
+    if w1.size < 2:
+        return a, np.zeros(0, dtype=bool)
+    prev = w1[:-1]
+    n_inf_between = np.searchsorted(inf_t0, w0[1:]) - np.searchsorted(inf_t0, prev)
+    chained = (n_inf_between == 0) & (w0[1:] - prev <= idle_gap_s)
+    a[1:] = np.where(chained, prev, w0[1:])
+    return a, chained
+
+
+SERIES_POINTS = 2000  # per series in a run summary: enough for a chart, bounded for a week-long run
+
+
+def _thin(n: int) -> npt.NDArray[np.int64]:
+    return np.unique(np.linspace(0, n - 1, SERIES_POINTS).round().astype(np.int64)) if n > SERIES_POINTS \
+        else np.arange(n)
+
+
+def step_series(tl: Timeline, idle_gap_s: float = 10.0) -> dict[str, list[float | None]]:
+    """Per step of the main optimizer, over time (Unix seconds at the step's end): its time and samples/s;
+    and the loss of each backward pass. At most SERIES_POINTS each (evenly thinned); None where a step has
+    no figure (no batch seen), never 0; empty lists where there are no steps or losses."""
+    a, _ = _step_starts(tl, idle_gap_s)
+    w1 = tl.w_t1
+    dur = w1 - a
+    samples: F64 = np.zeros(w1.size)
+    counted = tl.f_trained & tl.f_in_window
+    if w1.size and counted.any():
+        k = np.searchsorted(tl.w_t0, tl.f_t0[counted], side="right") - 1
+        ok = k >= 0
+        per_step = np.bincount(k[ok], weights=tl.f_batch[counted][ok], minlength=w1.size)
+        samples = per_step[: w1.size].astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where((dur > 0) & (samples > 0), samples / dur, np.nan)
+    s = _thin(w1.size)
+    ls = _thin(tl.l_t.size)
+
+    def floats(x: F64) -> list[float | None]:
+        return [float(v) if np.isfinite(v) else None for v in x]
+
+    return {
+        "step_t": floats(w1[s] + tl.wall_offset), "step_time_s": floats(dur[s]),
+        "samples_per_s": floats(rate[s]),
+        "loss_t": floats(tl.l_t[ls] + tl.wall_offset), "loss": floats(tl.l_v[ls]),
+    }
+
+
 def training_kpis(tl: Timeline, idle_gap_s: float = 10.0, with_peak: bool = True) -> dict[str, Any] | None:
     """KPIs of the training part of one process, or None if it did not train."""
     trained = tl.f_trained
     if not trained.any() and not tl.steps:
         return None
     train_time = sum(s.end - s.start for s in tl.segments if s.phase == "training")
-    # Step boundaries: consecutive step ends of the main optimizer inside one training stretch.
     w0, w1 = tl.w_t0, tl.w_t1
-    inf_t0 = np.sort(tl.f_t0[tl.inference_mask])
-    a = w0.copy()
-    if w1.size > 1:
-        prev = w1[:-1]
-        n_inf_between = np.searchsorted(inf_t0, w0[1:]) - np.searchsorted(inf_t0, prev)
-        chained = (n_inf_between == 0) & (w0[1:] - prev <= idle_gap_s)
-        a[1:] = np.where(chained, prev, w0[1:])
-    else:
-        chained = np.zeros(0, dtype=bool)
+    a, chained = _step_starts(tl, idle_gap_s)
     keep = ~tl.w_flop_sampled
     period = (w1 - a)[1:][chained & keep[1:]]
     step_times = period if period.size else (w1 - w0)[keep]

@@ -194,10 +194,57 @@ def _badge(label: str) -> str:
             f"{html.escape(p.name)}</span>")
 
 
+# (series key, axis title): a training process's charts over time, top to bottom, on one time axis.
+SERIES_PANELS = (("step_time_s", "step time (s)"), ("samples_per_s", "samples/s"), ("loss", "loss"))
+
+
+def _series_figure(series: dict[str, Any], div_id: str) -> str | None:
+    """Step time, samples/s and loss over time as one plotly figure (a div; plotly's JS is inlined once by
+    the page), or None where there is nothing to draw."""
+    import datetime as dt
+
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    def when(ts: list[float | None]) -> list[dt.datetime | None]:
+        return [None if t is None else dt.datetime.fromtimestamp(t) for t in ts]
+
+    panels = [(key, title) for key, title in SERIES_PANELS
+              if any(v is not None for v in series.get(key) or [])]
+    if not panels:
+        return None
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    for row, (key, title) in enumerate(panels, start=1):
+        x = when(series["loss_t"] if key == "loss" else series["step_t"])
+        fig.add_trace(go.Scatter(x=x, y=series[key], name=title, mode="lines+markers", marker={"size": 3},
+                                 line={"color": look("training").fill}, connectgaps=False), row=row, col=1)
+        fig.update_yaxes(title_text=title, rangemode="tozero" if key != "loss" else "normal", row=row, col=1)
+    fig.update_xaxes(title_text="time (local)", row=len(panels), col=1)
+    fig.update_layout(height=170 * len(panels) + 60, margin={"l": 70, "r": 20, "t": 20, "b": 40},
+                      showlegend=False, template="plotly_white")
+    out: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                           config={"displaylogo": False, "responsive": True})
+    return out
+
+
+def _charts(proc: dict[str, Any], div_id: str) -> tuple[str, bool]:
+    """The charts of one process and whether they need plotly's JS; a one-line note where plotly is absent."""
+    series = proc.get("series")
+    if not series:
+        return "", False
+    try:
+        figure = _series_figure(series, div_id)
+    except ImportError:
+        return "<p>note: charts over time need plotly: pip install 'phasescope[web]'</p>", False
+    return ("", False) if figure is None else (f"<h3>Over time</h3>{figure}", True)
+
+
 def render_html(doc: dict[str, Any]) -> str:
-    """A self-contained page (inline CSS, no scripts) with the timeline, KPIs, warnings and telemetry."""
+    """A self-contained page (inline CSS; plotly's JS inline where there are charts, no network) with the
+    timeline, KPIs, charts over time, warnings and telemetry."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'>{FAVICON}<title>phasescope run</title>"
-             f"<style>{_CSS}</style></head><body><h1>phasescope run</h1>"]
+             f"<style>{_CSS}</style>__PLOTLY__</head><body><h1>phasescope run</h1>"]
+    plotly_needed = False
     cmd = " ".join(doc.get("command") or [])
     parts.append(f"<p><code>{html.escape(cmd)}</code> exited with {doc.get('exit_code', '-')}; "
                  f"{html.escape(time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc.get('start', 0))))}, "
@@ -219,6 +266,9 @@ def render_html(doc: dict[str, Any]) -> str:
                             [(s["phase"], _fmt(s["duration_s"], "s"), str(s["steps"]), str(s["forwards"]))
                              for s in segs], badge_first=True))
         parts.append(_table(("phase", "KPI", "value"), kpi_rows(proc)))
+        chart, needs_js = _charts(proc, f"series-{proc['pid']}")
+        parts.append(chart)
+        plotly_needed |= needs_js
         for w in proc["warnings"]:
             code, msg = html.escape(w["code"]), html.escape(w["message"])
             parts.append(f"<p class='warn'>warning ({code}): {msg}</p>")
@@ -234,4 +284,10 @@ def render_html(doc: dict[str, Any]) -> str:
     for note in doc.get("notes") or []:
         parts.append(f"<p>note: {html.escape(note)}</p>")
     parts.append("</body></html>")
+    script = ""
+    if plotly_needed:
+        from plotly.offline import get_plotlyjs
+
+        script = f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+    parts[0] = parts[0].replace("__PLOTLY__", script)
     return "\n".join(parts)
