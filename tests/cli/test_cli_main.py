@@ -38,3 +38,15 @@ def test_the_groups_own_options_and_errors_stay(capsys: pytest.CaptureFixture[st
     assert "No such option '--bogus'" in err and "phasescope top --help" in err
     assert main(["nope"]) == 2
     assert "No such command 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["classify"], "phasescope classify: Missing argument 'PATHS...' (see 'phasescope classify --help')"),
+    (["top", "--bogus"], "phasescope top: No such option '--bogus' (see 'phasescope top --help')"),
+    (["nope"], "phasescope: No such command 'nope' (see 'phasescope --help')"),
+])
+def test_a_usage_error_is_one_line_with_the_hint(argv: list[str], line: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """click's own block is four lines (Usage, Try, a blank, Error); one line says the same."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err == line + "\n"

@@ -77,6 +77,14 @@ def cli(ctx: click.Context) -> None:
         ctx.invoke(top)
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line and the hint (click prints a four-line block): `phasescope classify: Missing
+    argument 'PATHS...' (see 'phasescope classify --help')`."""
+    path = exc.ctx.command_path if exc.ctx is not None else "phasescope"
+    message = exc.format_message()
+    return f"{path}: {message.rstrip('.')} (see '{path} --help')"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: a PhasescopeError becomes one line on stderr and a non-zero exit, never a traceback."""
     try:
@@ -87,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("phasescope: aborted", err=True)
         return 130
+    except click.UsageError as exc:
+        click.echo(usage_line(exc), err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
