@@ -2,7 +2,7 @@
 
 In a DaemonSet the hostname is the pod's name, which changes on every rollout, so alerts, the dcgm-compat
 `Hostname` and recordings would follow the pod instead of the machine. The downward API's `NODE_NAME`
-(`spec.nodeName`, set in deploy/kubernetes/agent-daemonset.yaml) names the node and survives rollouts;
+(`spec.nodeName`, set in deploy/kubernetes/base/agent-daemonset.yaml) names the node and survives rollouts;
 `PHASESCOPE_HOST` overrides both (a bare-metal fleet with its own naming).
 """
 

@@ -6,14 +6,28 @@ import json
 import re
 import shlex
 import subprocess
+import sys
+import time
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import click
+import httpx
+import numpy as np
 import pytest
 import yaml
-from tests.fleet.harness import PROMTOOL, REPO, need_tool
+from tests.fleet.harness import (
+    PROMTOOL,
+    REPO,
+    Procs,
+    backfill,
+    free_port,
+    labelled_trace,
+    need_tool,
+    start_prometheus,
+    wait_http,
+)
 
 from phasescope.fleet.shard import parse_shard
 from phasescope.identity import ENV_VARS
@@ -22,6 +36,9 @@ from phasescope.sources.containers import ContainerResolver
 
 DEPLOY = REPO / "deploy"
 PROM = DEPLOY / "prometheus"
+# Series a rule reads before phasescope exports them (issue 19's process evidence). Each must still be
+# missing: once it exists, remove it here.
+PENDING_METRICS = {"phasescope_gpu_phase_disagreement"}
 
 
 def _promtool(*args: str, cwd: Path = PROM) -> subprocess.CompletedProcess[str]:
@@ -55,6 +72,11 @@ def _command(name: str) -> click.Command:
     return cmd
 
 
+def _substitute(arg: str, env: dict[str, str]) -> str:
+    """`arg` with each `$(VAR)` replaced as Kubernetes does from the container's environment."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
+
+
 def _parse_args(args: list[str]) -> click.Context:
     """The args as the real command line parses them (an unknown or malformed option fails here)."""
     cmd = _command(args[0])
@@ -78,6 +100,10 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
     health = {"PhasescopeGPUCriticalXid", "PhasescopeGPUXidErrors", "PhasescopeGPUUncorrectableEccErrors",
               "PhasescopeGPURowRemapFailure", "PhasescopeGPURowRemapPending"}
     assert health <= alerts
+    # The fleet-wide alerts (dcgm-exporter and the fleet service, no agent needed) too.
+    fleet = {"PhasescopeTargetDown", "PhasescopeGPUThermalThrottling", "PhasescopeGPUPowerThrottling",
+             "PhasescopeFleetGPUHeldIdle", "PhasescopeGPUPhaseDisagreement"}
+    assert fleet <= alerts
     rules = yaml.safe_load((PROM / "rules.yml").read_text())
     for r in (r for g in rules["groups"] for r in g["rules"] if r.get("alert") in health):
         assert _referenced(r["expr"]) <= {m.name for m in mn.HEALTH_METRICS}, r["alert"]
@@ -85,6 +111,8 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
 
 def test_rules_read_only_metrics_that_exist() -> None:
     known = _known_metrics()
+    assert not PENDING_METRICS & known, "exported now: remove from PENDING_METRICS"
+    known |= PENDING_METRICS
     rules = yaml.safe_load((PROM / "rules.yml").read_text())
     inference_alert = started_alert = None
     for g in rules["groups"]:
@@ -103,6 +131,12 @@ def test_rules_read_only_metrics_that_exist() -> None:
     assert started_alert is not None and "for" not in started_alert
     assert _referenced(started_alert["expr"]) == {mn.TRAINING_ALARM.name}
     assert 'declared_use="inference"' in started_alert["expr"]
+    # The fleet-wide alerts never aggregate away where a GPU is: no `by (...)` without node and namespace
+    # (`without`, or no aggregation at all, keeps them).
+    (fleet,) = [g for g in rules["groups"] if g["name"] == "phasescope-fleet-alerts"]
+    for r in fleet["rules"]:
+        for by in re.findall(r"\bby\s*\(([^)]*)\)", r["expr"]):
+            assert {"node", "namespace"} <= {x.strip() for x in by.split(",")}, (r["alert"], by)
 
 
 def test_complete_prometheus_config_passes_promtool() -> None:
@@ -116,8 +150,8 @@ def test_complete_prometheus_config_passes_promtool() -> None:
 def test_kubernetes_scrape_jobs(tmp_path: Path) -> None:
     doc = yaml.safe_load((PROM / "scrape.yml").read_text())
     jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
-    ds = _docs(DEPLOY / "kubernetes/agent-daemonset.yaml")[0]
-    ss = _docs(DEPLOY / "kubernetes/fleet-statefulset.yaml")[0]
+    ds = _docs(DEPLOY / "kubernetes/base/agent-daemonset.yaml")[0]
+    ss = _docs(DEPLOY / "kubernetes/base/fleet-statefulset.yaml")[0]
     for job, workload in (("phasescope-agent", ds), ("phasescope-fleet", ss)):
         keep = next(r for r in jobs[job]["relabel_configs"] if r.get("action") == "keep")
         assert keep["regex"] == workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
@@ -155,7 +189,7 @@ def _check_workload(doc: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_agent_daemonset() -> None:
-    (ds,) = _docs(DEPLOY / "kubernetes/agent-daemonset.yaml")
+    (ds,) = _docs(DEPLOY / "kubernetes/base/agent-daemonset.yaml")
     c = _check_workload(ds, "DaemonSet")
     pod = ds["spec"]["template"]
     assert pod["spec"]["hostPID"] is True  # NVML's PIDs are host PIDs; /proc/PID/cgroup needs them
@@ -175,14 +209,15 @@ def test_agent_daemonset() -> None:
 
 
 def test_fleet_statefulset_shards_by_pod_index() -> None:
-    (ss,) = _docs(DEPLOY / "kubernetes/fleet-statefulset.yaml")
+    (ss,) = _docs(DEPLOY / "kubernetes/base/fleet-statefulset.yaml")
     c = _check_workload(ss, "StatefulSet")
     env = {e["name"]: e for e in c["env"]}
     shards = int(env["SHARDS"]["value"])
     assert shards == ss["spec"]["replicas"]
     assert "pod-index" in env["SHARD"]["valueFrom"]["fieldRef"]["fieldPath"]
     for i in range(shards):  # what Kubernetes substitutes for $(VAR) in each replica
-        args = [a.replace("$(SHARD)", str(i)).replace("$(SHARDS)", str(shards)) for a in c["args"]]
+        values = {k: e["value"] for k, e in env.items() if "value" in e} | {"SHARD": str(i)}
+        args = [_substitute(a, values) for a in c["args"]]
         ctx = _parse_args(args)
         assert ctx.params["serve"] is True
         shard = parse_shard(ctx.params["shard_text"])
@@ -219,8 +254,8 @@ def test_dockerfile_matches_the_manifests() -> None:
     ins = _dockerfile()
     assert ins[0] == ("FROM", "python:3.11-slim")
     assert _exec_form(ins, "ENTRYPOINT") == ["phasescope"]
-    (ds,) = _docs(DEPLOY / "kubernetes/agent-daemonset.yaml")
-    (ss,) = _docs(DEPLOY / "kubernetes/fleet-statefulset.yaml")
+    (ds,) = _docs(DEPLOY / "kubernetes/base/agent-daemonset.yaml")
+    (ss,) = _docs(DEPLOY / "kubernetes/base/fleet-statefulset.yaml")
     agent = ds["spec"]["template"]["spec"]["containers"][0]
     fleet = ss["spec"]["template"]["spec"]["containers"][0]
     # The image's default command is the agent's, exactly as the DaemonSet spells it, and the CLI parses it.
@@ -238,8 +273,9 @@ def test_dockerfile_matches_the_manifests() -> None:
     # Non-root, by numeric uid so that Kubernetes' runAsNonRoot can verify it.
     (user,) = [a for i, a in ins if i == "USER"]
     assert user.isdigit() and int(user) != 0
-    for c in (agent, fleet):
-        assert c["securityContext"]["runAsNonRoot"] is True
+    for w in (ds, ss):
+        pod_ctx = w["spec"]["template"]["spec"]["securityContext"]
+        assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] == int(user)
 
 
 def test_dockerfile_installs_what_the_agent_needs() -> None:
@@ -267,8 +303,16 @@ def test_dockerfile_installs_what_the_agent_needs() -> None:
 # -- Grafana --------------------------------------------------------------------------------------------
 
 
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_]\w*)\}?")  # `$host`, `${host}`; not a regex group like `$1`
+DASHBOARD = DEPLOY / "grafana/phasescope-fleet.json"
+
+
+def _dashboard_targets(dash: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(p["title"], t) for p in dash["panels"] for t in p["targets"]]
+
+
 def test_grafana_dashboard(tmp_path: Path) -> None:
-    dash = json.loads((DEPLOY / "grafana/phasescope-fleet.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     assert dash["uid"] and isinstance(dash["schemaVersion"], int)
     panels = dash["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
@@ -279,16 +323,29 @@ def test_grafana_dashboard(tmp_path: Path) -> None:
         boxes.append((g["x"], g["y"], g["x"] + g["w"], g["y"] + g["h"]))
     for a, b in combinations(boxes, 2):
         assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], ("panels overlap", a, b)
+    # Importable: the one data source input Grafana's import asks for is the `datasource` variable's default,
+    # and every panel and query uses that variable (a provisioned copy, which skips __inputs, then falls back
+    # to the default Prometheus data source instead of failing on an unresolved input).
+    assert [(i["name"], i["type"], i["pluginId"]) for i in dash["__inputs"]] == [
+        ("DS_PROMETHEUS", "datasource", "prometheus")]
+    (ds_var,) = [v for v in dash["templating"]["list"] if v["type"] == "datasource"]
+    assert ds_var["current"]["value"] == "${DS_PROMETHEUS}"
+    assert DASHBOARD.read_text().count("${DS_PROMETHEUS}") == 1
+    source = {"type": "prometheus", "uid": "${" + ds_var["name"] + "}"}
+    assert all(p["datasource"] == source for p in panels)
+    assert all(t["datasource"] == source for _, t in _dashboard_targets(dash))
+    # Per-GPU fleet verdicts: a state timeline and a table of the fleet service's phase series.
+    verdicts = {p["type"] for p in panels
+                if any("phasescope_fleet_gpu_phase{" in t["expr"] for t in p["targets"])}
+    assert {"state-timeline", "table"} <= verdicts
     variables = {v["name"] for v in dash["templating"]["list"]}
     known = _known_metrics()
     exprs = []
-    for p in panels:
-        assert p["targets"], p["title"]
-        for t in p["targets"]:
-            used = set(re.findall(r"\$\{?(\w+)", t["expr"]))
-            assert used <= variables | {"__rate_interval", "__interval"}, used
-            assert _referenced(t["expr"]) <= known, (p["title"], _referenced(t["expr"]) - known)
-            exprs.append(re.sub(r"\$\{?\w+\}?", ".*", t["expr"]))
+    for title, t in _dashboard_targets(dash):
+        used = set(_VARIABLE.findall(t["expr"]))
+        assert used <= variables | {"__rate_interval", "__interval"}, used
+        assert _referenced(t["expr"]) <= known, (title, _referenced(t["expr"]) - known)
+        exprs.append(_VARIABLE.sub(".*", t["expr"]))
     # Every query must be valid PromQL: promtool parses each as a recording rule.
     rules = {
         "groups": [
@@ -303,6 +360,79 @@ def test_grafana_dashboard(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_every_dashboard_query_returns_data(shared_data: Path, tmp_path: Path) -> None:
+    """The dashboard on the stack it is written for: a Prometheus holding only dcgm-exporter's series (as
+    kube-prometheus-stack's ServiceMonitor stores them, collected and scraped every second) and scraping a
+    real `phasescope fleet --serve` that classifies them. Every query of every panel, and the host
+    variable, must return data; no agent runs."""
+    from tests.fleet.test_servicemonitor import ROWS, TARGET, scraped
+
+    from phasescope.schema import DeviceInfo
+
+    end = float(np.floor(time.time()) - 30)  # recent: the fleet's live series and these overlap in a query
+    traces = []
+    for uuid, (path, gpu, pod, ns, _label) in ROWS.items():
+        trace, _row = labelled_trace(shared_data, path, gpu)
+        extra = {"pod": pod, "namespace": ns, "container": "main"} if pod else {}
+        dev = DeviceInfo(uuid, "NVIDIA GeForce RTX 3090", gpu, "node-a", extra=extra)
+        traces.append(scraped(trace, dev, end, 1.0, 1.0))
+    backfill(traces, tmp_path, "dcgm", targets={"node-a": TARGET})
+    fleet_port = free_port()
+    config = (
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n"
+        "  - job_name: phasescope-fleet\n"
+        "    honor_labels: true\n"  # as the overlay's PodMonitor: the GPU's pod and namespace, not fleet's
+        f"    static_configs:\n      - targets: ['127.0.0.1:{fleet_port}']\n"
+    )
+    procs = Procs()
+    try:
+        url = start_prometheus(procs, tmp_path, config, free_port())
+        procs.start([sys.executable, "-m", "phasescope", "fleet", "--prometheus", url, "--serve",
+                     "--since", "600s", "--every", "10s", "--port", str(fleet_port), "--workers", "1",
+                     "--price-gpu-hour", "2.5"], tmp_path / "fleet.log")
+        wait_http(f"http://127.0.0.1:{fleet_port}/metrics", 120, tmp_path / "fleet.log")
+
+        def query(expr: str, start: float) -> list[dict[str, Any]]:
+            r = httpx.get(f"{url}/api/v1/query_range", timeout=30,
+                          params={"query": expr, "start": start, "end": time.time(), "step": "5s"})
+            assert r.status_code == 200, (expr, r.text)
+            return [s for s in r.json()["data"]["result"] if any(v != "NaN" for _, v in s["values"])]
+
+        # The first pass (model load, queries, classification) is slow on a busy machine: wait for its
+        # series on the fleet's own /metrics, then for Prometheus to have scraped them.
+        log = tmp_path / "fleet.log"
+        deadline = time.monotonic() + 300
+        while "phasescope_fleet_gpu_phase{" not in httpx.get(f"http://127.0.0.1:{fleet_port}/metrics").text:
+            assert time.monotonic() < deadline, f"no fleet pass after 300 s:\n{log.read_text()[-3000:]}"
+            time.sleep(1)
+        while not query("phasescope_fleet_gpu_phase", end - 60):
+            assert time.monotonic() < deadline, "Prometheus did not scrape the fleet service"
+            time.sleep(1)
+        time.sleep(3)  # a few scrapes of the pass
+        dash = json.loads(DASHBOARD.read_text())
+        (host_var,) = [v for v in dash["templating"]["list"] if v["name"] == "host"]
+        found = re.fullmatch(r"label_values\((\w+), (\w+)\)", host_var["query"])
+        assert found is not None, host_var["query"]
+        metric, label = found.groups()
+        hosts = httpx.get(f"{url}/api/v1/label/{label}/values", params={"match[]": metric}, timeout=30)
+        assert hosts.json()["data"] == ["node-a"], hosts.text
+        empty = []
+        for title, t in _dashboard_targets(dash):
+            expr = _VARIABLE.sub(lambda m: {"host": "node-a"}.get(m.group(1), "1m"), t["expr"])
+            if not query(expr, end - 600):
+                empty.append((title, t["refId"], expr))
+        assert empty == [], empty
+        # The verdicts are the workload's: the namespace panel lists the pods' namespaces, not the exporter's.
+        namespaces = {s["metric"].get("namespace", "") for s in query(
+            "sum by (namespace) (phasescope_fleet_gpu_phase)", end - 60)}
+        assert namespaces == {r[3] for r in ROWS.values()}
+    finally:
+        procs.stop()
+
+
 @pytest.mark.parametrize("path", sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*.y*ml")))
 def test_every_yaml_file_parses(path: str) -> None:
     assert _docs(DEPLOY / path)
@@ -310,6 +440,6 @@ def test_every_yaml_file_parses(path: str) -> None:
 
 def test_shlex_roundtrip_of_agent_args() -> None:
     # The README/FLEET.md show the agent's command line; it must be what the DaemonSet runs.
-    (ds,) = _docs(DEPLOY / "kubernetes/agent-daemonset.yaml")
+    (ds,) = _docs(DEPLOY / "kubernetes/base/agent-daemonset.yaml")
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "phasescope " + shlex.join(args) in (REPO / "docs/FLEET.md").read_text()

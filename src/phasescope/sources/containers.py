@@ -13,7 +13,7 @@ Names are not in the cgroup path. They come, in this order, from the container r
 (`<containerd task root>/<id>/config.json`, annotations `io.kubernetes.cri.container-name`,
 `io.kubernetes.pod.name`, `io.kubernetes.pod.namespace`), then from the kubelet's log directory
 (`/var/log/pods/<namespace>_<pod>_<uid>/<container>/`), which gives pod and namespace. A DaemonSet mounts
-those host paths read-only (deploy/kubernetes/agent-daemonset.yaml). A PID that vanished, or is not in a
+those host paths read-only (deploy/kubernetes/base/agent-daemonset.yaml). A PID that vanished, or is not in a
 container, has no attribution; that is never an error.
 """
 
