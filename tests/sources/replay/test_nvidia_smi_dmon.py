@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -93,3 +94,38 @@ def test_unknown_unit(write) -> None:  # type: ignore[no-untyped-def]
 def test_header_only(write) -> None:  # type: ignore[no-untyped-def]
     p = write("d.txt", HEAD)
     expect_input_error(dmon.read, p, match=(str(p), "at least one dmon data row"))
+
+
+
+FERRAN = (
+    "formats/other/FerranAgulloLopez__vLLMBatchingMemoryGap__"
+    "metrics_gpu_device_nvidia_smi_dom_0_server_0.csv"
+)
+
+
+def _edited(shared_data: Path, tmp_path: Path, row: int, column: str, value: str) -> Path:
+    """The first rows of a real CSV dmon log with one field replaced (found by tests/test_fuzz_inputs)."""
+    lines = (shared_data / FERRAN).read_text().splitlines()[:12]
+    fields = lines[2 + row].split(",")
+    fields[lines[0].split(",").index(column)] = value
+    lines[2 + row] = ",".join(fields)
+    p = tmp_path / "dmon.csv"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_a_clock_too_big_to_scale_is_dropped_without_warnings(shared_data: Path, tmp_path: Path) -> None:
+    # 1e308 MHz scaled to hertz overflowed to inf with a RuntimeWarning on the user's screen.
+    p = _edited(shared_data, tmp_path, 0, "pclk", "1e308")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        (t,) = read(p)
+    assert np.isnan(t["sm_clock"][0]) and t["sm_clock"][1] == 1965e6
+
+
+def test_a_gpu_index_past_int64_is_refused_in_one_line(shared_data: Path, tmp_path: Path) -> None:
+    # A whole, finite, huge index passed the check and failed its int64 cast (a RuntimeWarning, then junk).
+    p = _edited(shared_data, tmp_path, 1, "gpu", "1e308")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        expect_input_error(read, p, match=("line 4, field 'gpu'", "expected a GPU index", "1e308"))

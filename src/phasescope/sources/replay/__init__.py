@@ -38,9 +38,13 @@ _MODULES: dict[str, str] = {
     "spar": "spar",
     "sensorguard": "sensorguard",
     "alibaba-gentd26": "alibaba",
+    "nvidia-smi-table": "nvidia_smi_table",
+    "nvidia-smi-q": "nvidia_smi_q",
+    "dcgmi-dmon": "dcgmi_dmon",
     "nvidia-smi-dmon": "nvidia_smi_dmon",
     "dcgm-prom": "dcgm_prom",
     "nvidia-smi-csv": "nvidia_smi_csv",
+    "csv": "generic_csv",  # people's own CSV logs: claims only headers nvidia-smi-csv does not
 }
 # Other names people will type for the same formats.
 _ALIASES: dict[str, str] = {
@@ -48,8 +52,9 @@ _ALIASES: dict[str, str] = {
     "dcgm-exporter": "dcgm-prom",
     "prometheus": "dcgm-prom",
     "nvidia-smi": "nvidia-smi-csv",
-    "csv": "nvidia-smi-csv",
     "dmon": "nvidia-smi-dmon",
+    "nvidia-smi-query": "nvidia-smi-q",
+    "dcgmi": "dcgmi-dmon",
     "alibaba": "alibaba-gentd26",
     "parquet": "spar",
 }

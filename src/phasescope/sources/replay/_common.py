@@ -30,7 +30,9 @@ PathLike = str | Path
 
 # Tokens nvidia-smi and friends print for a value they cannot give: read as NaN.
 _MISSING_RE = r"^(\[.*\]|N/?A|n/a|-|)$"
-_NUMBER_RE = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
+# A decimal number. `\d+(\.\d*)?`, not `\d+\.?\d*`: that one splits a digit run two ways, and Python's
+# backtracking re takes quadratic time on a long run that fails to match (4 s for 5000 digits).
+_NUMBER_RE = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
 
 
 def check_file(path: PathLike, *, allow_dir: bool = False) -> Path:
@@ -451,7 +453,7 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-_SIMPLE_NUM = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_SIMPLE_NUM = re.compile(_NUMBER_RE)
 
 
 def is_number(token: str) -> bool:
@@ -466,13 +468,15 @@ def read_csv_strings(
     expected: str,
     delimiter: str = ",",
     numeric: Iterable[int] = (),
+    dropped: list[str] | None = None,
 ) -> pa.Table:
     """Read a CSV with every column as text (columns c0..cN-1), fast, through Arrow.
 
     Columns in `numeric` are parsed straight to float64 by Arrow (empty = null) when every value is a
     plain number; if one is not, the whole file is read as text instead, so that `strings_to_float`
     can name the bad row and value. A row with the wrong number of fields is an InputError naming its
-    line and what was expected.
+    line and what was expected; with `dropped` given, such rows (and a cut last line) are skipped
+    instead and `dropped` gets one entry per row, the first few naming their line, for the caller to say.
     """
     import pyarrow.csv as pcsv  # local: only the CSV readers need it
 
@@ -489,7 +493,11 @@ def read_csv_strings(
     # Arrow's bad-row callback cannot decode non-UTF-8 text (it prints a stray traceback): check first.
     if not data.isascii():
         decode_utf8(path, data)
+    whole = len(data)
     data = drop_cut_last_line(data, delimiter, n_columns)
+    if dropped is not None and len(data) < whole:
+        line = data.count(b"\n") + 1
+        dropped.append(f"line {line} (the last, {CUT_OFF} after {whole - len(data)} bytes)")
     names = [f"c{i}" for i in range(n_columns)]
     fast = {f"c{i}" for i in numeric if 0 <= i < n_columns}
 
@@ -514,16 +522,27 @@ def read_csv_strings(
             raise
         bad.clear()
         table = load(set())  # slow path: text, so the bad value can be named with its row
-    if bad:
+    if bad and dropped is not None:
+        named = [f"{_where(data, r)} ({getattr(r, 'actual_columns', '?')} fields)" for r in bad[:3]]
+        dropped[:0] = named + [""] * (len(bad) - len(named))
+    elif bad:
         row = bad[0]
         text = str(getattr(row, "text", ""))
-        number = getattr(row, "number", None)
-        if not (isinstance(number, int) and number > 0):
-            number = _line_of(data, text)  # multi-threaded Arrow does not know the line; find it
-        where = f"line {number}" if number else "a row"
+        where = _where(data, row)
         got = f"{getattr(row, 'actual_columns', '?')} fields: {text[:60]!r}"
         raise InputError(path, where, f"{n_columns} comma-separated fields ({expected})", got)
     return table
+
+
+def _where(data: bytes, row: Any) -> str:
+    """'line N' for an Arrow invalid row (multi-threaded Arrow does not know the line; find it)."""
+    number = getattr(row, "number", None)
+    if not (isinstance(number, int) and number > 0):
+        number = _line_of(data, str(getattr(row, "text", "")))
+    return f"line {number}" if number else "a row"
+
+
+CUT_OFF = "cut off"  # the words a `dropped` entry of read_csv_strings uses for a cut last line
 
 
 def drop_cut_last_line(data: bytes, delimiter: str, n_columns: int) -> bytes:

@@ -20,17 +20,13 @@ def explain(text: str) -> tuple[str, str] | None:
     if any(n.startswith(("tgi_", "tgi:")) for n in names):
         return "content", "GPU telemetry; this is a Hugging Face TGI /metrics scrape, not device telemetry"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if lines and lines[0].startswith("# Entity"):
+    if lines and lines[0].replace(" ", "").startswith("#Entity"):
         err = next((ln for ln in lines if ln.lower().startswith("error")), None)
-        if err is not None:
+        if err is not None:  # a dmon that never got its watches; without one it is read (dcgmi-dmon)
             return (
                 "content",
                 f"dcgmi dmon rows; this dcgmi dmon output holds an error line instead: {err[:120]!r}",
             )
-        return (
-            "content",
-            "a supported format; dcgmi dmon output is not read by phasescope (use dcgm-exporter)",
-        )
     if lines and lines[0].startswith('Field "') and "is not a valid field to query" in lines[0]:
         return "content", f"nvidia-smi CSV rows; this is an nvidia-smi error message: {lines[0][:120]!r}"
     return None
