@@ -169,7 +169,8 @@ def test_one_tick_stamped_in_the_future_does_not_erase_the_history(tmp_path: Pat
         for t in ticks[60:]:
             store.ingest(t)  # each one can trigger the automatic prune
         kept = {tr.device.uuid: len(tr) for tr in store.query(end=now + 60)}
-    assert kept == {t.device.uuid: 120 for t in real}
+    # The step back from the future tick splits the clocks (the earlier one under <uuid>/clock1): all kept.
+    assert kept == {u: 60 for t in real for u in (t.device.uuid, f"{t.device.uuid}/clock1")}
 
 
 def _tier_counts(path: Path) -> tuple[int, int]:
@@ -336,3 +337,52 @@ def test_a_block_without_a_signal_reads_it_as_nan() -> None:
     assert _fill_from_blocks(out, [(2, "gpu_util", data)], ("gpu_util", "power")) == 2
     assert out[0].tolist() == [1.0, 2.0] and out[1].tolist() == [0.5, 0.6]
     assert np.isnan(out[2]).all()
+
+
+def test_a_clock_stepped_back_keeps_both_clocks_in_order_and_says_so(
+    tmp_path: Path, real: list[Trace], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An NTP step back of 5 s after 70 live ticks (past a sealed minute): the new ticks are neither sorted
+    into the earlier ones nor written over the five at equal times; the earlier clock keeps its order under
+    <uuid>/clock1, the uuid goes on with the new clock, and one line per device says where."""
+    before = _ticks(real, 70)
+    after = _ticks(real[::-1], 20, t0=T0 + 65)  # other values, so a sample written over shows
+    after = [TickBatch(b.time, before[0].devices, b.values) for b in after]
+    uuid = real[0].device.uuid
+    path = tmp_path / "step.sqlite"
+    with Store(path, retention_s=None) as store:
+        for b in before + after:
+            store.ingest(b)
+        got = {t.device.uuid: t for t in store.query()}
+        assert sorted(got) == sorted(u for t in real for u in (t.device.uuid, f"{t.device.uuid}/clock1"))
+        np.testing.assert_array_equal(got[f"{uuid}/clock1"].time, T0 + np.arange(70))
+        np.testing.assert_array_equal(got[f"{uuid}/clock1"]["power"], real[0]["power"][:70])
+        np.testing.assert_array_equal(got[uuid].time, T0 + 65 + np.arange(20))
+        np.testing.assert_array_equal(got[uuid]["power"], real[1]["power"][:20])
+        assert store.count() == 90 * len(real)
+        assert float(store.latest()[-1].time[0]) == T0 + 84
+    steps = [r.getMessage() for r in caplog.records if "clock step" in r.getMessage()]
+    assert len(steps) == len(real)
+    assert f"device {uuid}: time went back 4.000 s" in steps[0]
+    assert f"as device {uuid}/clock1, never re-sorted" in steps[0]
+    # A writer opened later sees a step against what is stored, and numbers the next clock on.
+    with Store(path, retention_s=None) as store:
+        store.ingest(TickBatch(T0, before[0].devices, before[0].values))
+        store.ingest(TickBatch(T0 + 84, before[0].devices, before[0].values))  # forward again: no step
+        uuids = [d.uuid for d in store.devices()]
+        assert f"{uuid}/clock2" in uuids and f"{uuid}/clock3" not in uuids
+        assert len(store.query(device=uuid)[0]) == 2
+
+
+def test_a_tick_at_the_newest_time_replaces_it_without_a_step(
+    tmp_path: Path, real: list[Trace], caplog: pytest.LogCaptureFixture
+) -> None:
+    ticks = _ticks(real, 5)
+    with Store(tmp_path / "same.sqlite", retention_s=None) as store:
+        for b in ticks:
+            store.ingest(b)
+        store.ingest(TickBatch(ticks[-1].time, ticks[0].devices, ticks[0].values))
+        assert [d.uuid for d in store.devices()] == [t.device.uuid for t in real]
+        assert store.count() == 5 * len(real)
+        assert store.query()[0]["power"][-1] == real[0]["power"][0]
+    assert not [r for r in caplog.records if "clock step" in r.getMessage()]

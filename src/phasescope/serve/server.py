@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 import threading
@@ -11,6 +12,12 @@ from phasescope.errors import SourceError
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 STOP_WAIT_S = 2  # seconds a stopping server gives open connections (live streams) before closing them
+# A client gets this long from connecting (or from its previous response) to finish a request's headers:
+# uvicorn has no such limit, and 300 clients that never finish theirs held 300 connections for 40 s+.
+HEADER_TIMEOUT_S = 10.0
+# Open connections (live streams included) past which a request is answered 503 at once; under the usual
+# 1024 open files, so the server can still take and refuse a connection rather than fail to accept it.
+MAX_CONNECTIONS = 500
 
 
 def is_loopback(host: str) -> bool:
@@ -22,13 +29,62 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def uvicorn_config(app: Any, log_level: str = "warning") -> Any:
+def header_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (h11 or httptools, as uvicorn picks), which closes a connection
+    whose request headers are not complete `timeout_s` after it opened or after its previous response.
+    The clock is not reset by data: a client sending one byte at a time is dropped too."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class Protocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+        _waiting_after: Any = None  # the request cycle before the one whose headers are awaited
+
+        def _await_headers(self) -> None:
+            # uvicorn makes a new cycle once a request's headers are in: until then, they are late.
+            self._cancel_header_timer()
+            self._waiting_after = self.cycle
+            self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.cycle is self._waiting_after and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._await_headers()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not self._waiting_after:
+                self._cancel_header_timer()
+
+        def on_response_complete(self) -> None:
+            # Armed first: a pipelined request that super() starts at once has its headers already.
+            self._await_headers()
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+    return Protocol
+
+
+def uvicorn_config(app: Any, log_level: str = "warning", header_timeout_s: float = HEADER_TIMEOUT_S) -> Any:
     """How both `serve` and the demo run the app. The graceful-shutdown timeout is the backstop for a
-    request that outlives the stop (open /api/stream connections end by themselves: make_server)."""
+    request that outlives the stop (open /api/stream connections end by themselves: make_server); the
+    header timeout and the connection limit keep slow or many clients from holding the server."""
     import uvicorn
 
     return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                          timeout_graceful_shutdown=STOP_WAIT_S)
+                          timeout_graceful_shutdown=STOP_WAIT_S, limit_concurrency=MAX_CONNECTIONS,
+                          http=header_timeout_protocol(header_timeout_s))
 
 
 def url_of(sock: socket.socket) -> str:
@@ -37,7 +93,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{addr[1]}/"
 
 
-def make_server(app: Any, log_level: str = "warning") -> Any:
+def make_server(app: Any, log_level: str = "warning", header_timeout_s: float = HEADER_TIMEOUT_S) -> Any:
     """A uvicorn server for `app` that, as it shuts down, first tells the app's live streams to end (they
     would otherwise run into the grace timeout and be cancelled, with a traceback in the log)."""
     import uvicorn
@@ -49,16 +105,22 @@ def make_server(app: Any, log_level: str = "warning") -> Any:
                 closing.set()
             await super().shutdown(sockets)
 
-    return Server(uvicorn_config(app, log_level))
+    return Server(uvicorn_config(app, log_level, header_timeout_s))
 
 
 class BackgroundServer:
     """The app served on `sock` from a daemon thread, beside a view that owns the main thread (the demo)."""
 
-    def __init__(self, app: Any, sock: socket.socket, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: Any,
+        sock: socket.socket,
+        log_level: str = "warning",
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+    ) -> None:
         self.sock = sock
         self.url = url_of(sock)
-        self.server = make_server(app, log_level)
+        self.server = make_server(app, log_level, header_timeout_s)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        name="phasescope-web", daemon=True)
 

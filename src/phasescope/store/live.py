@@ -15,6 +15,7 @@ writer appends. NaN is stored as NULL (hot) or NaN (blocks) and read back as NaN
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -36,6 +37,7 @@ DEFAULT_BLOCK_S = 60.0
 SCHEMA_VERSION = 2  # 2: + blocks (a version-1 store opens as is: its rows are the hot tier)
 _BLOB = np.dtype("<f8")
 _PROC_FLOATS = ("gpu_mem_used", "sm_util", "cpu_util", "rss", "threads", "read_bytes", "write_bytes")
+log = logging.getLogger("phasescope.store.live")
 
 
 def default_store_path() -> Path:
@@ -96,6 +98,7 @@ class Store:
         self._readers_lock = threading.Lock()
         self._device_ids: dict[str, int] = {}
         self._hot_first: dict[int, float] = {}  # device id -> oldest time in the hot tier
+        self._newest: dict[int, float] = {}  # device id -> newest time stored, read on first need
         self._last_prune: float | None = None
         self._closed = False
         self._w: sqlite3.Connection | None = None
@@ -228,8 +231,48 @@ class Store:
         return dev_id
 
     def ingest(self, batch: TickBatch) -> None:
-        """Store one tick (all devices, and its processes) in one transaction."""
+        """Store one live tick (all devices, and its processes) in one transaction.
+
+        A tick older than a device's newest sample is a clock step (an NTP step, a clock set back): see
+        `_clock_step`. A tick at the same time as the newest replaces it, as a re-ingest does."""
+        with self._write_lock:
+            for d in batch.devices:
+                dev_id = self._device_id(d)
+                newest = self._newest_time(dev_id)
+                if newest is not None and batch.time < newest:
+                    self._clock_step(d, dev_id, newest, batch.time)
         self.ingest_many([batch])
+
+    def _newest_time(self, dev_id: int) -> float | None:
+        if dev_id not in self._newest:
+            w = self._writer()
+            hot = w.execute("SELECT max(time) FROM samples WHERE device_id = ?", (dev_id,)).fetchone()[0]
+            sealed = w.execute("SELECT max(t1) FROM blocks WHERE device_id = ?", (dev_id,)).fetchone()[0]
+            known = [float(x) for x in (hot, sealed) if x is not None]
+            if not known:
+                return None
+            self._newest[dev_id] = max(known)
+        return self._newest[dev_id]
+
+    def _clock_step(self, d: DeviceInfo, dev_id: int, newest: float, now: float) -> None:
+        """The device's clock went back: sorting the new samples into the earlier ones would mix two
+        clocks in one timeline (and replace samples at equal times). As the file readers split a trace,
+        the samples so far keep their order under `<uuid>/clock<k>` (k = 1 for the first clock), one
+        renamed row in `devices`; the uuid itself goes on with the new clock, which is the one live."""
+        w = self._writer()
+        taken = {u for (u,) in w.execute("SELECT uuid FROM devices")}
+        k = 1
+        while f"{d.uuid}/clock{k}" in taken:
+            k += 1
+        with w:
+            w.execute("UPDATE devices SET uuid = ? WHERE id = ?", (f"{d.uuid}/clock{k}", dev_id))
+        del self._device_ids[d.uuid]
+        self._newest.pop(dev_id, None)
+        log.warning(
+            "phasescope: warning: %s: device %s: time went back %.3f s (a clock step, from %.3f to %.3f): "
+            "the samples before it are kept in order as device %s/clock%d, never re-sorted",
+            self.path, d.uuid, newest - now, newest, now, d.uuid, k,
+        )
 
     def ingest_many(self, batches: Iterable[TickBatch]) -> None:
         """Store many ticks in one transaction (bulk loads, replays)."""
@@ -272,6 +315,8 @@ class Store:
                 for dev_id in np.unique(dev).tolist():
                     sel = dev == dev_id
                     hot.extend(self._write_device(w, int(dev_id), t[sel], v[sel]))
+                    if dev_id in self._newest:
+                        self._newest[dev_id] = max(self._newest[dev_id], float(t[sel].max()))
                 if hot:
                     placeholders = ", ".join("?" * (2 + len(SIGNAL_NAMES)))
                     w.executemany(
@@ -362,7 +407,8 @@ class Store:
             cutoff = now - older_than_s
             deleted = 0
             with w:
-                for dev_id in self._device_ids.values():  # per device: uses the (device_id, time) key
+                # per device (a clock step's earlier part too): uses the (device_id, time) key
+                for (dev_id,) in w.execute("SELECT id FROM devices").fetchall():
                     deleted += w.execute(
                         "DELETE FROM samples WHERE device_id = ? AND time < ?", (dev_id, cutoff)
                     ).rowcount

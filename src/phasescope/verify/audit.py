@@ -27,7 +27,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from phasescope.errors import PhasescopeError
-from phasescope.schema import SIGNALS, Trace
+from phasescope.schema import RANGES, SIGNALS, Trace, impossible
 from phasescope.store.recording import device_from_json
 from phasescope.verify.keys import fingerprint, parse_public
 from phasescope.verify.ledger import (
@@ -98,7 +98,7 @@ def _read_lines(path: Path, chain: Chain) -> list[tuple[int, bytes, Any]]:
         except DuplicateKey as exc:  # json.loads reads it (the last value wins): name its seq from that
             chain.problems.append(
                 Problem(
-                    _where(i, json.loads(raw)),
+                    _where(i, _loose(raw)),
                     f"key {exc.key!r} appears twice in one object: the record was edited",
                 )
             )
@@ -112,8 +112,17 @@ def _read_lines(path: Path, chain: Chain) -> list[tuple[int, bytes, Any]]:
                 Problem(f"line {i}", "is not a JSON record: the file was edited or damaged")
             )
         except ValueError as exc:  # NaN or Infinity, which json.loads reads
-            chain.problems.append(Problem(_where(i, json.loads(raw)), f"holds {exc}: the record was edited"))
+            chain.problems.append(Problem(_where(i, _loose(raw)), f"holds {exc}: the record was edited"))
     return out
+
+
+def _loose(raw: bytes) -> Any:
+    """The record as plain json.loads reads it, to name its seq; None where even that fails (an integer
+    past Python's 4300 digits)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def check_chain(path: str | Path) -> Chain:
@@ -423,12 +432,22 @@ def _traces(chain: Chain, problems: list[Problem]) -> dict[str, Trace]:
                 for s, vals in b["signals"].items()
             }
             meta = dict(b.get("meta") or {})
-        except (PhasescopeError, KeyError, TypeError, ValueError, AttributeError):  # an edited record
+        # an edited record; OverflowError: an integer too big for a float (json reads any length)
+        except (PhasescopeError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
             problems.append(Problem(w, "batch record is malformed (device, t, signals)"))
             continue
         bad = [s for s, c in cols.items() if s not in SIGNALS or c.shape != t.shape]
         if bad or not np.isfinite(t).all():
             problems.append(Problem(w, f"batch columns do not fit the time column or schema: {bad or 't'}"))
+            continue
+        # verify writes what read() gives, impossible readings already dropped: one here was put in later
+        odd = next(((s, c[impossible(s, c)][0]) for s, c in cols.items() if impossible(s, c).any()), None)
+        if odd is not None:
+            (lo, hi), unit = RANGES[odd[0]], SIGNALS[odd[0]].unit
+            problems.append(
+                Problem(w, f"device {dev.uuid}: {odd[0]} {odd[1]:g} is outside its physical range "
+                        f"{lo:g}..{hi:g} {unit}")
+            )
             continue
         if t.size > 1 and not (np.diff(t) > 0).all():
             problems.append(Problem(w, f"device {dev.uuid}: sample times do not increase within the batch"))
@@ -506,7 +525,8 @@ def audit_bundle(
     _read_header(report, chain)
     _pin_key(report, chain, pubkey, trust_bundle_key)
     notes.append(f"chain: {len(chain.records)} records, {chain.roots} signed roots")
-    hm = chain.header.get("model") or {}
+    hm = chain.header.get("model")
+    hm = hm if isinstance(hm, dict) else {}  # a header naming no model reads as another model's
     m = model or PhaseModel.load()
     if hm.get("version") != m.version or hm.get("digest") != model_digest(m):
         problems.append(
@@ -554,7 +574,10 @@ def audit_bundle(
         seen_devices = set()
         by_dev: dict[str, list[dict[str, Any]]] = {}
         for r in recs:
-            v = r["body"].get("verdict") or {}
+            v = r["body"].get("verdict")
+            if not isinstance(v, dict):
+                problems.append(Problem(_where(r["_line"], r), "verdict record holds no verdict object"))
+                continue
             by_dev.setdefault(str(v.get("device")), []).append(r)
         for uid, drecs in by_dev.items():
             seen_devices.add(uid)

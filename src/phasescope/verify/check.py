@@ -41,6 +41,17 @@ class CheckParams:
     min_covered: float = 0.5  # share of the window the samples must cover
     top_features: int = 5
 
+    def __post_init__(self) -> None:
+        # audit builds these from a bundle's JSON: a string or a list there must not reach a comparison
+        for name in ("min_segment_windows", "top_features"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise TypeError(f"{name}: expected a whole number >= 0, got {v!r}")
+        for name in ("min_judged", "min_covered"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise TypeError(f"{name}: expected a share from 0 to 1, got {v!r}")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

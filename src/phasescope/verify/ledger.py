@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 import uuid
@@ -80,9 +81,30 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} (the ledger writes a missing value as null)")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as inf, which no writer of JSON can have meant
+        raise ValueError(f"{text} (a number beyond any float)")
+    return value
+
+
+def _int64(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > 19:  # the ledger's integers (seq, counts, sizes) fit 64 bits; longer ones only slow us
+        raise ValueError(f"a {digits}-digit integer (the ledger writes at most 19)")
+    return int(text)
+
+
 def parse_record(line: bytes) -> Any:
-    """One record line, parsed strictly: a duplicate key raises DuplicateKey, NaN/Infinity ValueError."""
-    return json.loads(line, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    """One record line, parsed strictly: a duplicate key raises DuplicateKey; NaN, Infinity, a number
+    too big for a float or an integer past 64 bits, ValueError."""
+    return json.loads(
+        line,
+        object_pairs_hook=_unique_keys,
+        parse_constant=_no_constant,
+        parse_float=_finite,
+        parse_int=_int64,
+    )
 
 
 def hashed_part(line: bytes, h: str) -> bytes:
