@@ -70,3 +70,23 @@ def test_mutants_give_traces_or_one_line(name: str, tmp_path: Path) -> None:
                 faults.append(f"mutant {k}, {how}: {traceback.format_exc(limit=2)}")
     assert not faults, "\n".join(faults[:5])
     assert read_count > MUTANTS // 4  # most small damage is read around, not refused
+
+
+@pytest.mark.parametrize("name", list(SEEDS))
+def test_a_long_digit_run_is_read_in_linear_time(name: str, tmp_path: Path) -> None:
+    """A value replaced by 20,000 digits and a letter: `\\d+\\.?\\d*` backtracked quadratically on it (5 s at
+    5,000 digits); an answer or one line now comes at once (the limit is far above linear, far below that)."""
+    import re
+
+    from tests.test_fuzz_inputs import LONG_RUN, LONG_RUN_LIMIT_S, run_case
+
+    data = SEEDS[name].encode()
+    # a reading: before its unit (table, -q), or a row's first value (dcgmi prints no units)
+    m = re.search(rb"(\d+(?:\.\d+)?)(?= ?(?:W|%|MiB)\b)|GPU \d+ +(\d+(?:\.\d+)?)", data)
+    assert m is not None
+    group = 1 if m.group(1) is not None else 2
+    p = tmp_path / "long.log"
+    p.write_bytes(data[: m.start(group)] + LONG_RUN + b"x" + data[m.end(group) :])
+    failures: list[str] = []
+    run_case(f"{name} with a long digit run", [("read(auto)", lambda: read(p))], failures, LONG_RUN_LIMIT_S)
+    assert not failures, "\n\n".join(failures)

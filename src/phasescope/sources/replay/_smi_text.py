@@ -23,7 +23,7 @@ _MONTHS = {m: i + 1 for i, m in enumerate(
 )}
 # What nvidia-smi prints where it has no value: read as NaN.
 MISSING = frozenset({"N/A", "[N/A]", "Not Supported", "[Not Supported]", "ERR!", "Unknown Error", "-", ""})
-_VALUE = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z%/]*)$")
+_VALUE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z%/]*)$")
 
 
 def parse_ctime(path: PathLike, line_no: int, text: str) -> float:
