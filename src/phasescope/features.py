@@ -405,11 +405,13 @@ class _Win:
     """One signal's windows with what several features share (count, mean, centred values, std),
     each computed once per trace rather than once per feature."""
 
-    def __init__(self, x: FloatArray) -> None:
+    def __init__(self, x: FloatArray, dense: bool | None = None) -> None:
+        """`dense`: whether the whole trace's windows of this signal hold no gap, where `x` is one chunk
+        of them (the chunk then takes the whole trace's code path); None: told from `x`."""
         self.x = x
         self._ss: FloatArray | None = None
         self.ok = np.isfinite(x)
-        self.dense = x.size > 0 and bool(self.ok.all())
+        self.dense = (x.size > 0 and bool(self.ok.all())) if dense is None else dense
         if self.dense:
             self.n = np.full(x.shape[0], x.shape[1], dtype=np.int64)
             self.mean: FloatArray = np.asarray(x.mean(axis=1), dtype=np.float64)
@@ -436,14 +438,17 @@ class _Win:
         return self._ss
 
 
-def _pair_corr(a: _Win, b: _Win) -> FloatArray:
+def _pair_corr(a: _Win, b: _Win, same_gaps: bool | None = None) -> FloatArray:
     """`_corr` of two signals' windows. Signals of one trace are usually missing at the same grid
     points (an empty bin is empty for all of them); then the pairwise means and centred values are
-    each signal's own, already computed, and only the cross term is new."""
+    each signal's own, already computed, and only the cross term is new. `same_gaps`: whether that holds
+    over the whole trace, where `a` and `b` are one chunk of its windows (None: told from them)."""
     if a.x.shape[1] < 3 and a.dense and b.dense:
         return np.full(a.x.shape[0], np.nan)
     both = a.dense and b.dense
-    if not both and not np.array_equal(a.ok, b.ok):
+    if same_gaps is None:
+        same_gaps = bool(np.array_equal(a.ok, b.ok))
+    if not both and not same_gaps:
         return _corr(a.x, b.x, False)
     cov = np.einsum("ij,ij->i", a.d, b.d) if both else (a.d * b.d).sum(axis=1)
     den = np.sqrt(a.sumsq() * b.sumsq())
@@ -452,13 +457,60 @@ def _pair_corr(a: _Win, b: _Win) -> FloatArray:
     return r if both else np.where(a.n >= 3, r, np.nan)
 
 
+# Grid points per chunk: window features are computed chunk by chunk (windows overlapping the seams are
+# cut from both sides' samples), so the temporaries (each window's points, copied per signal several
+# times) stay bounded however long the trace is. 2**15 points is 9 h at 1 s: tens of MiB.
+CHUNK_POINTS = 1 << 15
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The lowest power (W) and memory used (bytes) on the grid before a trace's first sample. Windows'
+    causal floors (`power_above_floor`, `mem_rise_gib`) run from the first sample; a trace cut from a
+    longer stream passes what came before, so its windows match the whole stream's. inf: nothing before."""
+
+    power: float = np.inf
+    mem_used: float = np.inf
+
+
+@dataclass
+class _Carry:
+    """What a chunk needs from the grid before it: the running power and memory minima, the last
+    memory value seen (None: none yet) and the grid index where memory last moved."""
+
+    power_floor: float = np.inf
+    mem_base: float = np.inf
+    mem_last: float | None = None
+    mem_moved_at: int = 0
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """One trace's grid, cut once for all its chunks: spacing, window and stride in grid points, and
+    the whole-trace facts that pick each reduction's code path (so every chunk takes the path the
+    whole trace would, and the sums come out the same to the last bit)."""
+
+    t0: float
+    dt: float
+    w: int
+    step: int
+    n_grid: int
+    n_win: int
+    dense: dict[str, bool]  # signal -> no gap in any window
+    same_gaps: dict[tuple[str, str], bool]  # signal pair -> gaps at the same grid points in every window
+
+
 def window_features(
     trace: Trace,
     config: WindowConfig | None = None,
     limits: DeviceLimits | None = None,
     use_table: bool = True,
+    chunk_points: int | None = None,
+    floors: Floors | None = None,
 ) -> WindowFeatures:
-    """All features for all windows of `trace` (see module docstring)."""
+    """All features for all windows of `trace` (see module docstring), computed `chunk_points` grid
+    points at a time (None: `CHUNK_POINTS`); the result does not depend on it. `floors`: the grid's
+    lowest power and memory before the trace, for a trace cut from a longer stream (the live classifier's)."""
     cfg = config or WindowConfig()
     lim = limits or device_limits(trace, use_table=use_table)
     present = trace.present_signals()
@@ -482,47 +534,106 @@ def window_features(
     if not np.isfinite(dt):
         dt = 1.0  # a single sample: any grid will do; the window will be marked insufficient
     dt = max(dt, cfg.min_grid_s)
-    used = [
-        s
-        for s in (
-            "gpu_util",
-            "mem_util",
-            "mem_used",
-            "power",
-            "temperature",
-            "sm_clock",
-            "mem_clock",
-            "pcie_tx",
-            "pcie_rx",
-        )
-        if s in present
-    ]
+    used = [s for s in _GRID_SIGNALS if s in present]
     w = max(1, round(cfg.window_s / dt))
     step = max(1, round(cfg.stride_s / dt))
     if cfg.adapt_to_rate and w < cfg.min_samples:
         step = max(1, round(cfg.min_samples * cfg.stride_s / cfg.window_s))
         w = cfg.min_samples
     trace, shift = _shorten_gaps(trace, dt, w, step, cfg.plateau_cap_s)
-    t0, grid = resample(trace, dt, used)
-    n_grid = int(np.floor((trace.time[-1] - t0) / dt + 0.5)) + 1
-    if n_grid < w:
-        w = n_grid  # a trace shorter than one window: one (short) window over all of it
+    t0 = float(trace.time[0])
+    idx = np.floor((trace.time - t0) / dt + 0.5).astype(np.int64)  # each sample's grid point
+    n_grid = int(idx[-1]) + 1
+    w = min(w, n_grid)  # a trace shorter than one window: one (short) window over all of it
     n_win = (n_grid - w) // step + 1
-    # Each signal's windows and shared statistics, once (a view plus a few (n_win,) arrays per signal).
-    win = {s: _Win(_windows(grid[s], w, step)) for s in grid}
-
+    g = _Grid(t0, dt, w, step, n_grid, n_win, *_gap_facts(trace, idx, used, w, step, n_win))
+    per = max(1, (chunk_points or CHUNK_POINTS) // step)  # windows per chunk
+    carry = _Carry(floors.power, floors.mem_used) if floors is not None else _Carry()
+    parts = [_chunk(trace, idx, used, g, k0, min(n_win, k0 + per), cfg, lim, carry)
+             for k0 in range(0, n_win, per)]
+    values = np.concatenate([p[0] for p in parts])
+    n_samples = np.concatenate([p[1] for p in parts])
+    sufficient = (n_samples >= cfg.min_samples) & (n_samples >= cfg.min_coverage * w)
     starts: FloatArray = t0 + np.arange(n_win, dtype=np.float64) * step * dt
     ends: FloatArray = starts + (w - 1) * dt
+    if shift is not None:
+        starts, ends, kept = _restore_gaps(starts, ends, trace.time, shift, dt)
+        starts, ends, values = starts[kept], ends[kept], values[kept]
+        n_samples, sufficient = n_samples[kept], sufficient[kept]
+    return WindowFeatures(starts, ends, values, FEATURE_NAMES, n_samples, sufficient, dt, w, present, raw_dt)
+
+
+_GRID_SIGNALS = ("gpu_util", "mem_util", "mem_used", "power", "temperature", "sm_clock", "mem_clock",
+                 "pcie_tx", "pcie_rx")
+_PAIRS = {
+    "corr_power_memutil": ("power", "mem_util"),
+    "corr_power_util": ("power", "gpu_util"),
+    "corr_util_memutil": ("gpu_util", "mem_util"),
+    "corr_power_mem": ("power", "mem_used"),
+    "corr_util_mem": ("gpu_util", "mem_used"),
+}
+
+
+def _gap_facts(
+    trace: Trace, idx: np.ndarray, used: Sequence[str], w: int, step: int, n_win: int
+) -> tuple[dict[str, bool], dict[tuple[str, str], bool]]:
+    """Per signal, whether its windows hold no gap; per correlated pair, whether both have their gaps at
+    the same grid points (the facts `_Win` and `_pair_corr` would find on the whole trace's windows)."""
+    pos = np.arange((n_win - 1) * step + w)
+    covered = pos % step < w  # grid points some window holds (all of them unless the stride skips some)
+    held = {}
+    for s in used:
+        v = trace[s]
+        held[s] = np.zeros(pos.size, dtype=bool)
+        on = idx[np.isfinite(v)]
+        held[s][on[on < pos.size]] = True
+    dense = {s: bool(held[s][covered].all()) for s in used}
+    same = {(a, b): bool(np.array_equal(held[a][covered], held[b][covered]))
+            for a, b in _PAIRS.values() if a in held and b in held}
+    return dense, same
+
+
+def _chunk(
+    trace: Trace,
+    idx: np.ndarray,
+    used: Sequence[str],
+    g: _Grid,
+    k0: int,
+    k1: int,
+    cfg: WindowConfig,
+    lim: DeviceLimits,
+    carry: _Carry,
+) -> tuple[FloatArray, np.ndarray]:
+    """Feature rows and data counts of windows k0..k1-1, from the samples on their grid points; updates
+    `carry` to where the next chunk (window k1) starts."""
+    w, step, dt = g.w, g.step, g.dt
+    g0 = k0 * step
+    g1 = min(g.n_grid, max((k1 - 1) * step + w, k1 * step))
+    lo, hi = np.searchsorted(idx, [g0, g1])
+    local = idx[lo:hi] - g0
+    n_grid = g1 - g0
+    at = min(k1 * step - g0, n_grid) - 1  # the last grid point before the next chunk's first
+    n_win = k1 - k0
+    # Average samples into their grid points (NaN for empty ones), as `resample` does.
+    grid: dict[str, FloatArray] = {}
+    for s in used:
+        v = trace[s][lo:hi]
+        ok = np.isfinite(v)
+        total = np.bincount(local[ok], weights=v[ok], minlength=n_grid)
+        count = np.bincount(local[ok], minlength=n_grid)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            grid[s] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    win = {s: _Win(_windows(grid[s], w, step)[:n_win], g.dense[s]) for s in grid}
     cols: dict[str, FloatArray] = {}
     nanv = np.full(n_win, np.nan)
+    end_idx = np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)  # each window's last grid point
 
     # Coverage: grid points where any core signal exists.
     core = np.zeros(n_grid, dtype=bool)
     for s in CORE_SIGNALS:
         if s in grid:
             core |= np.isfinite(grid[s])
-    n_samples = _windows(core.astype(np.float64), w, step).sum(axis=1).astype(np.int64)
-    sufficient = (n_samples >= cfg.min_samples) & (n_samples >= cfg.min_coverage * w)
+    n_samples = _windows(core.astype(np.float64), w, step)[:n_win].sum(axis=1).astype(np.int64)
 
     lag1 = round(1.0 / dt)
     lag5 = round(5.0 / dt)
@@ -581,7 +692,9 @@ def window_features(
             cols["power_rel_range"] = (p90 - p10) / np.where(pm > 0, pm, np.nan)
             # Power over the trace's lowest level so far (a causal floor): idle boards sit at the floor.
             floor = np.fmin.accumulate(np.where(np.isfinite(grid["power"]), grid["power"], np.inf))
-            floor_at = floor[np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)]
+            floor = np.minimum(floor, carry.power_floor)
+            carry.power_floor = float(floor[at])
+            floor_at = floor[end_idx]
             floor_at = np.where(np.isfinite(floor_at), floor_at, np.nan)
             cols["power_above_floor"] = pm / np.where(floor_at > 0, floor_at, np.nan)
         cols["power_ac_1s"] = _lag_corr(pw, lag1, PW.dense)
@@ -600,32 +713,35 @@ def window_features(
             cols["mem_cv"] = MW.std / np.where(mm > 0, mm, np.nan)
         cols["mem_slope_gib_per_min"] = _slope(MW.x, dt) * 60.0 / GIB_BYTES
         # Memory above the lowest level seen since the trace (device or process) started: the ramp.
-        base = np.fmin.accumulate(np.where(np.isfinite(mg), mg, np.inf))
-        end_idx = np.minimum(np.arange(n_win) * step + w - 1, n_grid - 1)
+        base = np.minimum(np.fmin.accumulate(np.where(np.isfinite(mg), mg, np.inf)), carry.mem_base)
+        carry.mem_base = float(base[at])
         base_at = np.where(np.isfinite(base[end_idx]), base[end_idx], np.nan)
         cols["mem_rise_gib"] = (mm - base_at) / GIB_BYTES
-        # Seconds since memory last moved by more than 1% (of the total, or 0.25 GiB when unknown).
+        # Seconds since memory last moved by more than 1% (of the total, or 0.25 GiB when unknown); the
+        # first grid point of the trace counts as a move.
         thr = 0.01 * lim.mem_total if np.isfinite(lim.mem_total) else 0.25 * GIB_BYTES
-        filled = _ffill(mg)
-        moved = np.zeros(n_grid, dtype=bool)
-        moved[1:] = np.abs(np.diff(filled)) > thr
-        moved[0] = True
-        last = np.maximum.accumulate(np.where(moved, np.arange(n_grid), 0))
-        cols["mem_plateau_s"] = np.minimum((end_idx - last[end_idx]) * dt, cfg.plateau_cap_s)
-        cols["mem_changes_per_min"] = _windows(moved.astype(np.float64), w, step).sum(axis=1) / minutes
+        if carry.mem_last is None:  # no value before this chunk: a leading gap takes its first value
+            filled = _ffill(mg)
+            moved = np.empty(n_grid, dtype=bool)
+            moved[0] = g0 == 0
+            moved[1:] = np.abs(np.diff(filled)) > thr
+        else:  # continue from the last value before this chunk, as one forward fill over the trace would
+            ext = _ffill(np.concatenate([[carry.mem_last], mg]))
+            moved = np.abs(np.diff(ext)) > thr
+            filled = ext[1:]
+        last = np.maximum.accumulate(np.where(moved, g0 + np.arange(n_grid), 0))
+        last = np.maximum(last, carry.mem_moved_at)
+        carry.mem_last = float(filled[at]) if np.isfinite(filled[at]) else None
+        carry.mem_moved_at = int(last[at])
+        cols["mem_plateau_s"] = np.minimum((end_idx + g0 - last[end_idx]) * dt, cfg.plateau_cap_s)
+        changes = _windows(moved.astype(np.float64), w, step)[:n_win].sum(axis=1)
+        cols["mem_changes_per_min"] = changes / minutes
         if np.isfinite(lim.mem_total):
             cols["mem_frac"] = mm / lim.mem_total
             cols["mem_rise_frac"] = cols["mem_rise_gib"] * GIB_BYTES / lim.mem_total
-    pairs = {
-        "corr_power_memutil": ("power", "mem_util"),
-        "corr_power_util": ("power", "gpu_util"),
-        "corr_util_memutil": ("gpu_util", "mem_util"),
-        "corr_power_mem": ("power", "mem_used"),
-        "corr_util_mem": ("gpu_util", "mem_used"),
-    }
-    for name, (a, b) in pairs.items():
+    for name, (a, b) in _PAIRS.items():
         if a in win and b in win:
-            cols[name] = _pair_corr(win[a], win[b])
+            cols[name] = _pair_corr(win[a], win[b], g.same_gaps[(a, b)])
     if "temperature" in win:
         TW = win["temperature"]
         cols["temp_slope_per_min"] = _slope(TW.x, dt) * 60.0
@@ -659,13 +775,8 @@ def window_features(
             (rx90,) = _quantiles(RX.x, [0.9], RX.n)
             cols["pcie_rx_burst"] = rx90 / np.where(rm > 0, rm, np.nan)
 
-    values = np.column_stack([cols.get(n, nanv) for n in FEATURE_NAMES]) if n_win > 0 else empty.values
-    values = np.where(np.isfinite(values), values, np.nan)
-    if shift is not None:
-        starts, ends, kept = _restore_gaps(starts, ends, trace.time, shift, dt)
-        starts, ends, values = starts[kept], ends[kept], values[kept]
-        n_samples, sufficient = n_samples[kept], sufficient[kept]
-    return WindowFeatures(starts, ends, values, FEATURE_NAMES, n_samples, sufficient, dt, w, present, raw_dt)
+    values = np.column_stack([cols.get(n, nanv) for n in FEATURE_NAMES])
+    return np.where(np.isfinite(values), values, np.nan), n_samples
 
 
 # A silence longer than this many sample intervals (a log resumed days later, a clock that jumped) is

@@ -38,7 +38,7 @@ def _majority(p: WindowPredictions) -> str:
 
 
 def test_clear_training_run(model: PhaseModel, shared_data: Path) -> None:
-    p = model.predict_trace(_trace(shared_data, *TRAIN))
+    p = model.predict_trace(_trace(shared_data, *TRAIN), evidence=True)
     assert _majority(p) == "training"
     assert Counter(p.labels)["training"] >= 0.9 * len(p)
     assert p.proba.shape == (len(p), len(PHASES))
@@ -184,7 +184,7 @@ def test_evidence_is_towards_the_called_phase(model: PhaseModel, shared_data: Pa
     from phasescope.features import FEATURE_NAMES, window_features
 
     tr = _trace(shared_data, *INFER)
-    p = model.predict_trace(tr)
+    p = model.predict_trace(tr, evidence=True)
     sub = next(s for s in model.submodels if s.name == p.subset)
     x = window_features(tr, model.config).values[:, [FEATURE_NAMES.index(f) for f in sub.features]]
     contrib = np.asarray(sub.booster.predict(x, pred_contrib=True)).reshape(len(x), len(PHASES), -1)

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phasescope.classify.model import PhaseModel
+from phasescope.classify.model import PhaseModel, WindowPredictions
+from phasescope.features import Floors
 from phasescope.live.classify import LiveClassifier
 from phasescope.live.state import LiveState
 from phasescope.schema import Trace
@@ -25,13 +26,13 @@ def test_a_stream_that_turns_coarse_mid_session_is_read_at_its_new_spacing(
               for t in training_traces(shared_data)]
     lc = LiveClassifier(PhaseModel.load(), alarm=False)
     judged: list[tuple[float, int]] = []
-    judge = lc._judge
+    predict = lc._predict
 
-    def spy(trace: Trace) -> tuple[str, dict[str, float]]:
+    def spy(trace: Trace, floors: Floors) -> WindowPredictions:
         judged.append((float(trace.time[-1]), len(trace)))
-        return judge(trace)
+        return predict(trace, floors)
 
-    monkeypatch.setattr(lc, "_judge", spy)
+    monkeypatch.setattr(lc, "_predict", spy)
     state = LiveState("replay", 300)  # `top`'s default ring
     for batch in ticks(traces):
         state.ingest(batch)

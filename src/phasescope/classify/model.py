@@ -189,14 +189,161 @@ def _feature_group(name: str) -> str:
     return word
 
 
+# LightGBM reads a feature value this close to 0 as 0 (kZeroThreshold, a C float).
+_ZERO = float(np.float32(1e-35))
+# Decision-type bits: default direction left, and the missing-value type (0 none, 1 zero, 2 NaN).
+_DEFAULT_LEFT, _MISSING_NONE, _MISSING_ZERO = 2, 0, 1
+_ROWS_PER_BLOCK = 1024  # windows evaluated at once: a block's (rows, trees) arrays take a few MiB
+# Above this many windows in one call (3.5 days at a 15 s stride), LightGBM evaluates them: its walk is
+# 3-6x faster per window than numpy's, which repays its import (a second or more) from here on. A
+# submodel whose LightGBM booster is parsed already (`PhaseModel.warm_up`) always uses it.
+FOREST_MAX_ROWS = 20_000
+
+
+@dataclass(frozen=True)
+class Forest:
+    """A LightGBM multiclass booster as arrays, evaluated with numpy: LightGBM's own scores and
+    probabilities, to the last bit (the same walk, sums in its order; tests/classify/test_forest.py
+    compares them on real windows), without importing LightGBM, whose import (scikit-learn and SciPy
+    with it) took a second of every start-up. LightGBM's C walk is faster per window, so a call with
+    many windows, or a warmed-up model (a long-running process), goes to it (`Submodel.predict_raw`).
+
+    Nodes of all trees in one table: tree t's internal nodes, then its leaves, from `t * width`. A leaf
+    leads back to itself, so every walk takes `depth` steps. Node i sits at 2i and 2i + 1 of `column`
+    (which column of the row's `_variants` it compares), `threshold` and `child` (right at 2i, left at
+    2i + 1, as 2 * node); `value` holds each leaf's value at 2i."""
+
+    column: np.ndarray
+    threshold: FloatArray
+    child: np.ndarray
+    value: FloatArray
+    root: np.ndarray  # 2 * each tree's first node (its first leaf for a tree that is one leaf)
+    depth: int  # steps that take every walk to its leaf
+    sigmoid: float  # > 0: one-vs-all sigmoids (multiclassova); 0: softmax (multiclass)
+    average: bool  # a random forest's output: the mean over iterations, not the sum
+
+    @classmethod
+    def from_text(cls, text: str, where: str = "model", sub: str = "") -> Forest:
+        """The trees of a booster text that `check_booster` passed (or a packaged one)."""
+        start = text.find("\nTree=") + 1
+        end = text.find("\nend of trees\n") + 1
+        head = dict(line.partition("=")[::2] for line in text[:start].split("\n") if "=" in line)
+
+        def bad(part: str, expected: str, got: object) -> InputError:
+            return InputError(where, f"submodel {sub} booster: {part}", expected, got)
+
+        n_trees = text.count("\nTree=", start - 1, end)
+        f = _tree_fields(text[start:end], n_trees, bad)
+        leaves = np.array([int(v) for v in f["num_leaves"]])
+        m = int(leaves.max()) - 1  # internal nodes of the largest tree
+        width = m + int(leaves.max())
+        n_features = int(head["max_feature_idx"]) + 1
+
+        def table(key: str, at: int, fill: float) -> FloatArray:
+            """The key's numbers of each tree at its nodes from `at` on (`fill` where a tree has fewer)."""
+            out = np.full((n_trees, width), fill)
+            for t, line in enumerate(f[key]):
+                if line:
+                    row = np.array(line.split(), dtype=np.float64)
+                    out[t, at : at + row.size] = row
+            return out
+
+        base = np.arange(n_trees)[:, None] * width
+        own = base + np.arange(width)[None, :]
+        leaf = np.broadcast_to(np.arange(width)[None, :] >= m, own.shape)
+        rule = table("decision_type", 0, 0).astype(np.int64)
+        missing, default_left = (rule >> 2) & 3, (rule & _DEFAULT_LEFT) > 0
+        threshold = np.where(leaf, np.inf, table("threshold", 0, np.inf))
+        # Which variant of the feature a node compares (see `_variants`): where NaN (and, for "zero is
+        # missing", 0) must go. A node without a missing rule reads NaN as 0.
+        left = np.where(missing == _MISSING_NONE, threshold >= 0.0, default_left)
+        variant = np.where(missing == _MISSING_ZERO, 2, 0) + np.where(left, 0, 1)
+        column = np.where(leaf, 0, variant * n_features + table("split_feature", 0, 0).astype(np.int64))
+
+        def node(key: str) -> np.ndarray:
+            c = table(key, 0, 0).astype(np.int64)
+            return 2 * np.where(leaf, own, base + np.where(c >= 0, c, m + ~c))
+
+        objective = head.get("objective", "").split()
+        sigmoid = 0.0
+        if objective[:1] == ["multiclassova"]:
+            sigmoid = float(next((o.split(":")[1] for o in objective if o.startswith("sigmoid:")), "1"))
+        def twice(a: np.ndarray) -> np.ndarray:  # each node's entry at 2i and 2i + 1
+            return np.repeat(a.ravel(), 2)
+
+        return cls(
+            column=twice(column),
+            threshold=twice(threshold),
+            child=np.stack([node("right_child"), node("left_child")], axis=-1).ravel(),
+            value=twice(table("leaf_value", m, 0.0)),
+            root=2 * (np.arange(n_trees) * width + np.where(leaves > 1, 0, m)),
+            depth=m,  # no path has more splits than its tree has internal nodes
+            sigmoid=sigmoid,
+            average="\naverage_output\n" in text[:start],  # a line of its own, without "="
+        )
+
+    def raw(self, x: FloatArray) -> FloatArray:
+        """Raw scores (n_rows, n_classes): each class's trees summed in LightGBM's order."""
+        n_trees, k = self.root.size, len(PHASES)
+        out = np.empty((x.shape[0], k))
+        for b in range(0, x.shape[0], _ROWS_PER_BLOCK):
+            xv = _variants(x[b : b + _ROWS_PER_BLOCK])
+            n = xv.shape[0]
+            at = (np.arange(n) * xv.shape[1])[:, None]  # each row's start in the flattened variants
+            flat = xv.ravel()
+            node = np.broadcast_to(self.root, (n, n_trees)).copy()
+            for _ in range(self.depth):
+                v = flat.take(at + self.column.take(node))
+                node = self.child.take(node + (v <= self.threshold.take(node)))
+            values = self.value.take(node).reshape(n, n_trees // k, k)
+            # Summed iteration by iteration from 0, as LightGBM sums (cumsum adds in order; sum need not).
+            out[b : b + n] = np.cumsum(values, axis=1)[:, -1]
+        if self.average:
+            out /= n_trees // k
+        return out
+
+    def predict(self, x: FloatArray) -> FloatArray:
+        """Probabilities (n_rows, n_classes), converted from raw scores as LightGBM converts them."""
+        raw = self.raw(x)
+        if self.sigmoid > 0:
+            return np.asarray(1.0 / (1.0 + np.exp(-self.sigmoid * raw)), dtype=np.float64)
+        e = np.exp(raw - raw.max(axis=1, keepdims=True))
+        total = e[:, 0].copy()
+        for c in range(1, e.shape[1]):  # in order, as LightGBM adds them
+            total += e[:, c]
+        return np.asarray(e / total[:, None], dtype=np.float64)
+
+
+def _variants(x: FloatArray) -> FloatArray:
+    """Each row's features four ways, side by side, so that one comparison `v <= threshold` sends a
+    missing value where the node's rule says: NaN as -inf (goes left) or as NaN (goes right, every
+    comparison being false); then the same with 0 also missing (LightGBM's "zero is missing").
+    LightGBM reads |v| <= 1e-35 as 0 first."""
+    x = np.where(np.abs(x) <= _ZERO, 0.0, x)
+    nan = np.isnan(x)
+    gone = nan | (x == 0.0)
+    return np.ascontiguousarray(
+        np.concatenate([np.where(nan, -np.inf, x), x, np.where(gone, -np.inf, x), np.where(gone, np.nan, x)],
+                       axis=1)
+    )
+
+
 @dataclass
 class Submodel:
     name: str
     signals: tuple[str, ...]
     features: tuple[str, ...]
-    _booster: Any = None  # lightgbm.Booster, parsed from `booster_text` on first use
+    _booster: Any = None  # lightgbm.Booster, parsed from `booster_text` on first use (evidence, training)
     booster_text: str = ""
     calibration: Calibration | None = None
+    _forest: Forest | None = None  # the same trees for numpy, parsed on first prediction
+
+    @property
+    def forest(self) -> Forest:
+        if self._forest is None:
+            text = self.booster_text or self.booster.model_to_string()
+            self._forest = Forest.from_text(text, sub=self.name)
+        return self._forest
 
     @property
     def booster(self) -> Any:
@@ -214,9 +361,11 @@ class Submodel:
         x = values[:, _columns(self.features)]
         if x.shape[0] == 0:
             return np.zeros((0, len(PHASES)))
-        return np.asarray(self.booster.predict(x, num_threads=1), dtype=np.float64).reshape(
-            x.shape[0], len(PHASES)
-        )
+        if self._booster is not None or x.shape[0] > FOREST_MAX_ROWS:  # LightGBM there, or worth its import
+            return np.asarray(self.booster.predict(x, num_threads=1), dtype=np.float64).reshape(
+                x.shape[0], len(PHASES)
+            )
+        return self.forest.predict(x)
 
     def predict(self, values: FloatArray) -> FloatArray:
         """Calibrated probabilities (the raw ones for a model fitted without calibration): a window
@@ -390,7 +539,7 @@ _TREE_ARRAYS = (
 
 
 _INT = r"-?\d+"
-_FLOAT = r"-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)"
+_FLOAT = r"-?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)"
 
 
 def check_booster(text: str, features: tuple[str, ...], where: str, sub: str) -> None:
@@ -602,7 +751,9 @@ class PhaseModel:
         return self
 
     def warm_up(self) -> None:
-        """Parse every submodel's booster now (LightGBM's first parse takes seconds), not on first use."""
+        """Parse every submodel's booster now (LightGBM's first parse takes seconds), not on first use: for a
+        process that runs long (serve, the fleet), which then predicts with LightGBM's faster walk. A
+        one-shot command (`classify`) skips this and LightGBM's import with it."""
         for sub in self.submodels:
             _ = sub.booster
         if self.coarse is not None:
@@ -751,8 +902,11 @@ class PhaseModel:
         return None
 
     def predict_features(
-        self, wf: WindowFeatures, present: set[str], evidence: bool = True
+        self, wf: WindowFeatures, present: set[str], evidence: bool = False
     ) -> tuple[FloatArray, list[str], list[dict[str, float]], str, list[str]]:
+        """Probabilities, labels, evidence, the submodel's name and unknown reasons per window of `wf`.
+        `evidence`: each window's top feature contributions (SHAP: about half the prediction's cost), only
+        for a view that shows them (the report, verify); else every window's evidence is {}."""
         n = wf.values.shape[0]
         proba = np.full((n, len(PHASES)), np.nan)
         labels = ["unknown"] * n
@@ -787,7 +941,7 @@ class PhaseModel:
             reasons[i] = "too little data in window"
         return proba, labels, ev, sub.name, reasons
 
-    def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
+    def predict_trace(self, trace: Trace, evidence: bool = False) -> WindowPredictions:
         model = self.for_interval(sample_interval(trace.time))
         wf = window_features(trace, model.config)
         present = set(trace.present_signals())

@@ -35,7 +35,7 @@ def build(
     min_segment_s: float | None = None,
     processes: DeviceProcesses | None = None,
     held_mem_bytes: float = HELD_MEM_BYTES,
-    evidence: bool = True,
+    evidence: bool = False,
 ) -> Verdict:
     """The verdict of `model` on one device trace.
 
@@ -44,7 +44,8 @@ def build(
     (unknown runs under it are bridged, short phase segments merged: `decide.merge_short`). Those set are
     kept in `Verdict.thresholds`. `processes`: the device's recorded process samples (None where the source
     records none); they, or `held_mem_bytes` of memory in use, make an idle span held. `evidence`: keep
-    each window's feature contributions (the report's; the fleet does without)."""
+    each window's feature contributions, for the view that shows them (the report; classify and the fleet
+    do without: they cost about half the prediction)."""
     where = trace.device.label()
     if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
         raise InputError(where, "min_confidence", "a probability between 0 and 1", min_confidence)
@@ -115,12 +116,7 @@ def _assemble(
     held_mem_bytes: float,
     thresholds: dict[str, float],
 ) -> Verdict:
-    params = decide.SegmentParams()
-    if min_segment_s is not None:
-        params = replace(params, min_unknown_s=max(params.min_unknown_s, min_segment_s))
-    segs = decide.segments(windows, params)
-    if min_segment_s is not None:
-        segs = decide.merge_short(segs, min_segment_s)
+    segs = phase_segments(windows, min_segment_s)
     label = decide.overall_label(segs)
     seg_held = [judge_spans(trace, [(s.start, s.end)], processes, held_mem_bytes) if s.label == "idle"
                 else None for s in segs]
@@ -144,6 +140,19 @@ def _assemble(
         missing_signals=list(windows.missing_signals),
         thresholds=thresholds,
     )
+
+
+def phase_segments(windows: decide.WindowProbs, min_segment_s: float | None = None) -> list[decide.Segment]:
+    """The windows' phase segments as every verdict cuts them (`decide.segments`; with `min_segment_s`,
+    unknown runs under it bridged and shorter phase segments merged). The live classifier decodes its
+    newest windows with this too, so the agent's phase and the fleet's verdict follow one rule."""
+    params = decide.SegmentParams()
+    if min_segment_s is not None:
+        params = replace(params, min_unknown_s=max(params.min_unknown_s, min_segment_s))
+    segs = decide.segments(windows, params)
+    if min_segment_s is not None:
+        segs = decide.merge_short(segs, min_segment_s)
+    return segs
 
 
 def confidence(segs: Sequence[decide.Segment], label: str) -> float:
@@ -180,4 +189,4 @@ def _span(trace: Trace) -> tuple[float, float]:
 
 
 __all__ = ["NOT_CLASSIFIED", "NO_SAMPLES", "NO_WINDOWS", "build", "confidence", "from_windows",
-           "take_windows", "unclassified", "unknown_reasons", "window_reasons"]
+           "phase_segments", "take_windows", "unclassified", "unknown_reasons", "window_reasons"]

@@ -1,24 +1,24 @@
-"""Live phase classification: the phase model run over each device's recent history as ticks arrive.
+"""Live phase classification: the verdict's windows and segment rule, run on each device as ticks arrive.
 
-`LiveClassifier.update(state)` is cheap to call every tick: it re-classifies a device only when `every_s`
-seconds (on the data's own clock, so a replay at speed N re-classifies N times as often in real time) have
-passed since its last run. Each run judges the last `window_s` seconds with `PhaseModel.predict_trace` and
-takes the newest window the model judged. At coarse rates the span widens as the model's windows do
-(`WindowConfig.adapt_to_rate`) to hold `min_samples` points at the data's spacing (`read_span`): 60 s at
-0.1 Hz holds 6 samples, and a window under 8 is never judged (offline `classify` answers on such data).
+`LiveClassifier.update(state)` is cheap to call every tick: every `every_s` seconds (on the data's own clock,
+so a replay at speed N runs N times as often in real time) it judges the windows that fell due since its
+last run, cut where the offline verdict cuts them (`classify.verdict`, which `fleet` and `classify` use):
+on the device's grid from its first sample, each with the `plateau_cap_s` of context before it and the
+grid's power and memory floors since the first sample (`features.Floors`). The phase is the last segment of
+the kept windows as `verdict.phase_segments` cuts them, so the agent's phase and the fleet's verdict agree
+on the same samples except for a bounded lag at changes (docs/design/live-classifier.md, "One verdict").
+At coarse rates windows widen as the model's do (`WindowConfig.adapt_to_rate`); `read_span` is what a run
+reads. Before two full windows exist the reading is the newest window of what there is (warm-up).
 
-A new phase replaces the current one only after `confirm` consecutive runs agree on it, so one odd window
-does not flip the badge; `since` is the time of the first of those runs (when phasescope first saw it).
-Runs that cannot judge (too little history, too few signals) say "unknown" only when no phase is held yet
-or the device has gone dark; otherwise the held phase stays until evidence for another one arrives, with
-the confidence of the last window that was judged and `held` set (views mark it rather than show no %).
+`since` is when the phase was first shown. A window the model does not judge is bridged by the decoder:
+the phase stays, with the probabilities of the newest judged window and `held` set (views mark it). A device
+that has gone dark reads "unknown" at once.
 
-Two config thresholds (`[thresholds]`, see `config.py`) change this only when set. A reading whose
-confidence is below `min_confidence` reads "unknown", with `unknown_reason` saying which phase at what
-confidence (the hysteresis still runs on the phase underneath, so the badge returns without a fresh
-confirmation); set below the model's own bar (0.5), it also lowers that bar, so windows between are
-called. `min_segment_s` raises `confirm` so that a new phase shows only after it has been seen for that
-long: ceil(min_segment_s / every_s) + 1 runs.
+Two config thresholds (`[thresholds]`, see `config.py`) change this only when set. `min_segment_s` is the
+verdict's: segments shorter than it merge into a neighbour, so a new phase shows once its segment is that
+long. A reading whose newest judged window's confidence is below `min_confidence` reads "unknown", with
+`unknown_reason` saying which phase at what confidence (the decoder still runs on the phase underneath, so
+the badge returns at once); set below the model's own bar (0.5), it also lowers that bar.
 
 The "training started" alarm runs beside it on its own model (`classify.onset`: 15 s windows fitted on
 windows that straddle a run's start, so it fires sooner than the badge turns): every `onset.ONSET_STRIDE_S`
@@ -34,19 +34,23 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from phasescope.classify import onset
+from phasescope.classify import onset, verdict
 from phasescope.classify.decide import finite_or_none
-from phasescope.classify.model import PhaseModel, UnknownRules
-from phasescope.features import WindowConfig, sample_interval
+from phasescope.classify.model import PhaseModel, UnknownRules, WindowPredictions
+from phasescope.features import Floors, WindowConfig, resample, sample_interval, window_features
 from phasescope.live.state import LiveState, phase_from_hooks
-from phasescope.schema import PHASES, SIGNAL_NAMES, Trace
+from phasescope.schema import PHASES, SIGNAL_NAMES, FloatArray, Trace
 
 UNKNOWN = "unknown"
 MAX_BANDS = 500  # phase bands kept per device (the dashboard's coloured stretches)
+# Judged windows the segment decoder reads per device: 16 min at the 15 s stride, far more than the few
+# windows one phase change takes to decode (`decide.SegmentParams`), so the cap never moves a change.
+KEEP_WINDOWS = 64
 
 
 @dataclass(frozen=True)
@@ -87,22 +91,47 @@ class PhaseBand:
     phase: str
 
 
+@dataclass(frozen=True)
+class _Window:
+    """One judged window, kept for the segment decoder."""
+
+    start: float
+    end: float
+    proba: FloatArray  # (len(PHASES),), NaN when the window was not judged
+    label: str  # a phase or "unknown"
+
+
+class _Kept:
+    """A device's kept windows, as the segment decoder reads them (`decide.WindowProbs`)."""
+
+    def __init__(self, windows: Sequence[_Window]) -> None:
+        self.start = np.array([w.start for w in windows], dtype=np.float64)
+        self.end = np.array([w.end for w in windows], dtype=np.float64)
+        self.proba = np.array([w.proba for w in windows], dtype=np.float64).reshape(len(windows), len(PHASES))
+        self.labels = [w.label for w in windows]
+
+
 @dataclass
 class _DeviceTrack:
     last_run: float = -math.inf
-    reading: PhaseReading | None = None  # the hysteresis' phase, before min_confidence
+    reading: PhaseReading | None = None  # the decoded phase, before min_confidence
     shown: PhaseReading | None = None  # what readers get: `reading`, or unknown under min_confidence
     gated_since: float = math.nan  # data time `shown` last turned unknown under min_confidence
-    candidate: str = ""  # a phase seen but not yet confirmed
-    candidate_since: float = math.nan
-    candidate_runs: int = 0
+    anchor: float = math.nan  # data time of the device's first sample: its windows start on this grid
+    stride: float = math.nan  # seconds between window starts (learned from the model's first windows)
+    length: float = math.nan  # a full window's first-to-last grid point, seconds
+    next_start: float = math.nan  # where the next window to judge starts
+    floors: Floors = field(default_factory=Floors)  # the grid's lowest power and memory before `folded_to`
+    folded_to: float = math.nan
+    windows: deque[_Window] = field(default_factory=lambda: deque(maxlen=KEEP_WINDOWS))
     bands: deque[PhaseBand] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
     alarm: onset.OnsetAlarm | None = None  # None: the alarm is off
     alarm_run: float = -math.inf  # data time of the alarm's last update
     alarm_at: float | None = None
 
 
-DEFAULT_WINDOW_S = 60.0  # the data each classifier run judges
+DEFAULT_WINDOW_S = 60.0  # the recent span the telemetry KPIs read (`annotate`), and the least a run reads
+DEFAULT_EVERY_S = 5.0  # data seconds between classifier runs
 
 
 def read_span(
@@ -110,17 +139,25 @@ def read_span(
     window_s: float = DEFAULT_WINDOW_S,
     config: WindowConfig | None = None,
     rules: UnknownRules | None = None,
+    every_s: float = DEFAULT_EVERY_S,
 ) -> float:
-    """Seconds of data each classifier run reads at `interval_s`: `window_s`, or at coarse rates enough for
-    `config.min_samples` points (how `window_features` widens a window when `adapt_to_rate`). Intervals
-    past the model's range (`rules.max_interval_s`) are judged unknown whatever is read, so the span stops
-    growing there. `config` and `rules` default to the shipped model's (the features' defaults)."""
+    """Seconds of data a classifier run reads at `interval_s`: the windows that fell due since the last run
+    (a window, a stride and a run's period), and before them the `plateau_cap_s` of context (rounded up to
+    whole strides) that the same windows have in an offline verdict (`mem_plateau_s` looks that far back);
+    at least `window_s`. At coarse rates windows widen to hold `config.min_samples` points, as
+    `window_features` widens them; intervals past the model's range (`rules.max_interval_s`) are judged
+    unknown whatever is read, so the span stops growing there. `config` and `rules` default to the shipped
+    model's (the features' defaults)."""
     cfg = config or WindowConfig()
     r = rules or UnknownRules()
-    if not (cfg.adapt_to_rate and math.isfinite(interval_s) and interval_s > 0):
-        return window_s  # an interval not known yet (one sample): nothing to widen for
-    # (t - span, t] at spacing dt holds span/dt points: min_samples * dt holds min_samples.
-    return max(window_s, cfg.min_samples * min(interval_s, r.max_interval_s))
+    length, stride = cfg.window_s, cfg.stride_s
+    if cfg.adapt_to_rate and math.isfinite(interval_s) and interval_s > 0:
+        dt = min(max(interval_s, cfg.min_grid_s), r.max_interval_s)
+        if length / dt < cfg.min_samples:
+            length = cfg.min_samples * dt
+            stride = max(1, round(cfg.min_samples * cfg.stride_s / cfg.window_s)) * dt
+    lookback = math.ceil(cfg.plateau_cap_s / stride) * stride
+    return max(window_s, lookback + length + stride + every_s)
 
 
 def ring_ticks(
@@ -129,11 +166,12 @@ def ring_ticks(
     alarm: bool = True,
     config: WindowConfig | None = None,
     rules: UnknownRules | None = None,
+    every_s: float = DEFAULT_EVERY_S,
 ) -> int:
     """Ticks a device's ring must hold at `interval_s` so that every run sees all it reads: the classifier's
     `read_span` and, with the alarm on, `onset.HISTORY_S` (the history the alarm was evaluated on). At 10 Hz
     the rings' defaults (300 ticks in `top`) would hold only 30 s."""
-    span = max(read_span(interval_s, window_s, config, rules), onset.HISTORY_S if alarm else 0.0)
+    span = max(read_span(interval_s, window_s, config, rules, every_s), onset.HISTORY_S if alarm else 0.0)
     return math.ceil(span / max(interval_s, 1e-3)) + 1
 
 
@@ -144,17 +182,14 @@ class LiveClassifier:
         self,
         model: PhaseModel | None = None,
         window_s: float = DEFAULT_WINDOW_S,
-        every_s: float = 5.0,
-        confirm: int = 2,
+        every_s: float = DEFAULT_EVERY_S,
         alarm: bool = True,
         alarm_model: PhaseModel | None = None,
         min_confidence: float | None = None,
         min_segment_s: float | None = None,
     ) -> None:
-        if not (window_s > 0 and every_s > 0 and confirm >= 1):
-            raise ValueError(
-                f"need window_s > 0, every_s > 0, confirm >= 1; got {window_s}, {every_s}, {confirm}"
-            )
+        if not (window_s > 0 and every_s > 0):
+            raise ValueError(f"need window_s > 0, every_s > 0; got {window_s}, {every_s}")
         if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"need min_confidence between 0 and 1; got {min_confidence}")
         if min_segment_s is not None and not min_segment_s >= 0.0:
@@ -168,9 +203,7 @@ class LiveClassifier:
             self.model = self.model.with_rules(min_proba=min_confidence)
         self.window_s = float(window_s)
         self.every_s = float(every_s)
-        self.confirm = int(confirm)
-        if min_segment_s is not None:  # the candidate's first run and the confirming one span min_segment_s
-            self.confirm = max(self.confirm, math.ceil(min_segment_s / self.every_s) + 1)
+        self.min_segment_s = min_segment_s  # as the verdict's: shorter segments merge, unknowns bridge
         self.runs = 0  # classifier runs so far, all devices (for tests and the status line)
         self.alarm_enabled = bool(alarm)
         self._alarm_model = alarm_model  # loaded on first use (or in warm_up) when None
@@ -194,11 +227,13 @@ class LiveClassifier:
 
     def ring_ticks(self, interval_s: float) -> int:
         """`ring_ticks` for this classifier's window, model and alarm setting."""
-        return ring_ticks(interval_s, self.window_s, self.alarm_enabled, self.model.config, self.model.rules)
+        m = self.model.for_interval(interval_s)
+        return ring_ticks(interval_s, self.window_s, self.alarm_enabled, m.config, m.rules, self.every_s)
 
     def read_span(self, interval_s: float) -> float:
-        """`read_span` for this classifier's window and model."""
-        return read_span(interval_s, self.window_s, self.model.config, self.model.rules)
+        """`read_span` for this classifier's window, run period and model (the coarse one past its range)."""
+        m = self.model.for_interval(interval_s)
+        return read_span(interval_s, self.window_s, m.config, m.rules, self.every_s)
 
     # ---- writer ----
 
@@ -228,14 +263,14 @@ class LiveClassifier:
             # The spacing of the newest samples only: over the whole ring, a rate that changed mid-session
             # (a 1 s recording turning 10 s) kept the old median for half a ring, and the span too short.
             newest = state.history_times(uuid)[-(self.model.config.min_samples + 1):]
-            span = self.read_span(sample_interval(newest))
-            trace = self._recent(state, uuid, t_now, span)
-            dark = self._dark(state, uuid, trace, t_now)
-            phase, proba = (UNKNOWN, {}) if dark else self._judge(trace)
+            interval = sample_interval(newest)
+            recent = self._recent(state, uuid, t_now, self.read_span(interval))
+            dark = self._dark(state, uuid, recent, t_now)
+            judged = None if dark else self._judge_new(track, recent, t_now, interval)
             with self._lock:
                 track.last_run = t_now
                 self.runs += 1
-                self._advance(track, t_now, phase, proba, dark=dark)
+                self._advance(track, t_now, judged, dark=dark)
 
     def _new_track(self) -> _DeviceTrack:
         track = _DeviceTrack()
@@ -288,44 +323,101 @@ class LiveClassifier:
         # Only rows with some data: a lost device's NaN rows would otherwise read as a sampled gap.
         return recent.take(recent.rows_with_data())
 
-    def _judge(self, trace: Trace) -> tuple[str, dict[str, float]]:
-        """(label of the newest judged window, its probabilities); ("unknown", {}) when none was judged."""
-        if len(trace) < 2:
-            return UNKNOWN, {}
-        pred = self.model.predict_trace(trace, evidence=False)
-        judged = np.flatnonzero(np.isfinite(pred.proba).all(axis=1))
-        if not judged.size:
-            return UNKNOWN, {}
-        i = int(judged[np.argmax(pred.end[judged])])
-        return pred.labels[i], {p: float(pred.proba[i, k]) for k, p in enumerate(PHASES)}
+    def _judge_new(
+        self, track: _DeviceTrack, recent: Trace, t_now: float, interval: float
+    ) -> tuple[str, dict[str, float], bool]:
+        """Judge the windows that fell due since the last run, where the offline verdict cuts them (on the
+        device's own grid from its first sample, with the context before them that the verdict's windows
+        have), keep them, and decode the kept windows as the verdict does (`verdict.phase_segments`).
+
+        Returns (phase, probabilities of the newest judged window, whether the newest window went unjudged
+        and the decoder bridged it). Before two full windows exist (warm-up)
+        the phase is the newest window of what there is, not kept: the first reading comes after a few
+        samples, not after 45 s."""
+        if len(recent) < 2:
+            return self._decode(track) if track.windows else (UNKNOWN, {}, False)
+        if math.isnan(track.anchor):
+            track.anchor = float(recent.time[0])
+        half = 0.5 * interval if math.isfinite(interval) else 0.0  # a sample's offset from its grid point
+        if math.isnan(track.stride):
+            track.folded_to = track.anchor
+            pred = self._predict(recent.take(np.flatnonzero(recent.time >= track.anchor - half)), Floors())
+            if len(pred) < 2:  # warm-up: less than two windows' worth since the first sample
+                return _newest(pred)
+            self._keep(track, pred)
+        elif t_now >= track.next_start + track.length:
+            # The verdict's windows read `plateau_cap_s` before them (`mem_plateau_s`) and the floors of
+            # all before (`Floors`): the first as samples, the rest folded into the device's floors.
+            lookback = math.ceil(self.model.config.plateau_cap_s / track.stride) * track.stride
+            cut = max(track.anchor, track.next_start - lookback) - half
+            self._fold(track, recent, cut)
+            self._keep(track, self._predict(recent.take(np.flatnonzero(recent.time >= cut)), track.floors))
+        return self._decode(track) if track.windows else (UNKNOWN, {}, False)
+
+    def _predict(self, trace: Trace, floors: Floors) -> WindowPredictions:
+        """`PhaseModel.predict_trace`, with the floors of the stream before `trace`."""
+        model = self.model.for_interval(sample_interval(trace.time))
+        wf = window_features(trace, model.config, floors=floors)
+        proba, labels, _, sub, reasons = model.predict_features(wf, set(trace.present_signals()), False)
+        return WindowPredictions(wf.start, wf.end, proba, labels, trace.missing_signals(), model.version,
+                                 [], sub, reasons)
+
+    def _fold(self, track: _DeviceTrack, recent: Trace, cut: float) -> None:
+        """Fold the samples from `track.folded_to` up to `cut` into the device's floors, on the grid the
+        model's windows use (`resample`: bin means, as `window_features` takes its minima over)."""
+        part = recent.take(np.flatnonzero((recent.time >= track.folded_to) & (recent.time < cut)))
+        track.folded_to = max(track.folded_to, cut)
+        if len(part) == 0:
+            return
+        config = self.model.for_interval(sample_interval(recent.time)).config
+        step = sample_interval(recent.time)
+        dt = max(step if math.isfinite(step) else 1.0, config.min_grid_s)
+        _, grid = resample(part, dt, [s for s in ("power", "mem_used") if part.has(s)])
+
+        def low(signal: str, before: float) -> float:
+            values = grid.get(signal)
+            if values is None or not np.isfinite(values).any():
+                return before
+            return min(before, float(np.nanmin(values)))
+
+        track.floors = Floors(low("power", track.floors.power), low("mem_used", track.floors.mem_used))
+
+    def _keep(self, track: _DeviceTrack, pred: WindowPredictions) -> None:
+        """Keep the full windows of `pred` from the next one due on (the rest were context, judged before)."""
+        if len(pred) >= 2:  # the grid of this prediction (it moves only when the rate does)
+            track.stride = float(pred.start[1] - pred.start[0])
+            track.length = float(pred.end[0] - pred.start[0])
+        for k in range(len(pred)):
+            start, end = float(pred.start[k]), float(pred.end[k])
+            if end - start < track.length * (1 - 1e-9):
+                continue  # a trace shorter than one window gives one short window: not the verdict's
+            if math.isfinite(track.next_start) and start < track.next_start - 0.5 * track.stride:
+                continue  # judged already (context for the new ones)
+            track.windows.append(_Window(start, end, pred.proba[k].copy(), pred.labels[k]))
+            track.next_start = start + track.stride
+
+    def _decode(self, track: _DeviceTrack) -> tuple[str, dict[str, float], bool]:
+        """The kept windows' phase now: the last of their segments, as the verdict cuts them."""
+        segs = verdict.phase_segments(_Kept(track.windows), self.min_segment_s)
+        judged = [w for w in reversed(track.windows) if np.isfinite(w.proba).all()]
+        proba = {p: float(v) for p, v in zip(PHASES, judged[0].proba, strict=True)} if judged else {}
+        if not segs:
+            return UNKNOWN, proba, False
+        last = segs[-1].label
+        return last, proba, last != UNKNOWN and track.windows[-1].label == UNKNOWN
 
     def _advance(
-        self, track: _DeviceTrack, t: float, phase: str, proba: dict[str, float], dark: bool
+        self, track: _DeviceTrack, t: float, judged: tuple[str, dict[str, float], bool] | None, dark: bool
     ) -> None:
         prev = track.reading
-        held = prev.phase if prev else UNKNOWN
-        no_evidence = phase == UNKNOWN and not dark and held != UNKNOWN
-        if no_evidence and prev is not None:
-            # Keep the held phase rather than flicker to unknown, with the last judged window's figures.
-            phase, proba = held, prev.proba
-        if phase == held:
-            track.candidate, track.candidate_runs = "", 0
-            new_phase, since = held, (track.reading.since if track.reading else t)
-        else:
-            if phase != track.candidate:
-                track.candidate, track.candidate_since, track.candidate_runs = phase, t, 0
-            track.candidate_runs += 1
-            # Going to unknown needs no confirmation from a dark device; neither does the very first call.
-            if track.candidate_runs >= self.confirm or held == UNKNOWN or dark:
-                new_phase, since = phase, track.candidate_since
-                track.candidate, track.candidate_runs = "", 0
-            else:
-                new_phase, since = held, (track.reading.since if track.reading else t)
-        conf = proba.get(new_phase, math.nan)
+        phase, proba, held = (UNKNOWN, {}, False) if dark or judged is None else judged
+        # `since` is when this phase was first shown (the decoder may place its start a little earlier).
+        since = prev.since if prev is not None and prev.phase == phase else t
+        conf = proba.get(phase, math.nan)
         prev_t = track.shown.t if track.shown else t
         alarm = track.alarm is not None and track.alarm.active
         track.reading = PhaseReading(
-            new_phase, conf, proba, since, t, held=no_evidence, training_alarm=alarm, alarm_at=track.alarm_at
+            phase, conf, proba, since, t, held=held, training_alarm=alarm, alarm_at=track.alarm_at
         )
         track.shown = shown = self._gate(track, track.reading)
         if track.bands and track.bands[-1].phase == shown.phase:
@@ -370,3 +462,12 @@ class LiveClassifier:
         """uuid -> current phase, for every device with a reading (what the energy meter attributes to)."""
         with self._lock:
             return {u: t.shown.phase for u, t in self._tracks.items() if t.shown}
+
+
+def _newest(pred: WindowPredictions) -> tuple[str, dict[str, float], bool]:
+    """The warm-up reading: the newest window the model judged (none: unknown)."""
+    judged = np.flatnonzero(np.isfinite(pred.proba).all(axis=1))
+    if not judged.size:
+        return UNKNOWN, {}, False
+    i = int(judged[np.argmax(pred.end[judged])])
+    return pred.labels[i], {p: float(pred.proba[i, k]) for k, p in enumerate(PHASES)}, False
