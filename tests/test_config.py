@@ -97,7 +97,8 @@ MALFORMED = [
         "[prices]\nusd_per_kwhh = 0.1",
         "prices.usd_per_kwhh: expected one of the known keys (gpu, usd_per_gpu_hour",
     ),
-    ("[price]\nusd_per_kwh = 0.1", "price: expected one of the known keys (prices, serve, thresholds)"),
+    ("[price]\nusd_per_kwh = 0.1", "price: expected one of the known keys (prices, run, serve, thresholds)"),
+    ('[run]\nreport_dir = ""', "run.report_dir: expected a non-empty string"),
     (
         "[thresholds]\nmin_confidence = 1.5",
         "thresholds.min_confidence: expected a number between 0 and 1, got 1.5",

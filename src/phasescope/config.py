@@ -72,7 +72,7 @@ class PriceConfig:
 @dataclass(frozen=True)
 class ThresholdConfig:
     # None = not set: `classify`, `top`, `serve` and `demo` keep the rules every evaluated figure was
-    # measured with (the model's own 0.5 bar, the segments' switch cost, the live badge's 2-run confirm).
+    # measured with (the model's own 0.5 bar, the segments' switch cost, which the live badge decodes with).
     # Set, they change those commands' outputs (`cli/classify.py`, `LiveClassifier`); `eval` never reads them.
     min_confidence: float | None = None
     idle_util: float = 0.05
@@ -87,10 +87,16 @@ class ServeConfig:
 
 
 @dataclass(frozen=True)
+class RunConfig:
+    report_dir: str = "phasescope-runs"  # `phasescope run`'s default reports, relative to the current folder
+
+
+@dataclass(frozen=True)
 class Config:
     prices: PriceConfig = field(default_factory=PriceConfig)
     thresholds: ThresholdConfig = field(default_factory=ThresholdConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     path: str | None = None  # the file it came from; None = built-in defaults
 
     def override(self, **flags: Any) -> Config:
@@ -112,7 +118,8 @@ class Config:
         return out
 
 
-_SECTIONS: dict[str, type] = {"prices": PriceConfig, "thresholds": ThresholdConfig, "serve": ServeConfig}
+_SECTIONS: dict[str, type] = {"prices": PriceConfig, "thresholds": ThresholdConfig, "serve": ServeConfig,
+                              "run": RunConfig}
 _FIELDS: dict[str, dict[str, dataclasses.Field[Any]]] = {
     name: {f.name: f for f in dataclasses.fields(cls)} for name, cls in _SECTIONS.items()
 }

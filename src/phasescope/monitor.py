@@ -31,8 +31,9 @@ with every reading taken while the window is open:
   is readable. Without RAPL its energy is not measured (None, never 0, and a note says why); time is, its CPU
   share over the window is, and the time component of the cost when a $/device-hour price is set.
 
-Readings are taken through phasescope's own sources (`sources/nvml.NvmlSource` without process, GPM or
-NVLink calls; `sources/host.HostSource` without the torch scan), so NVML errors follow that source's policy:
+Sources are opened by `sources/open.py`, the one place that chooses them, in its lean mode
+(`open_source(spec, lean=True)`: NVML without process, GPM, NVLink or health calls, the host without the torch
+scan, RAPL on the host row where readable), so NVML errors follow that source's policy:
 a failing call reads NaN and is retried or remembered, a GPU that falls off the bus is marked lost (its
 energy stops at its last reading and the window's `notes` say so, once), and no NVML at all is one line.
 """
@@ -64,7 +65,8 @@ from phasescope.kpi.energy import FleetEnergyMeter
 from phasescope.schema import SIGNAL_COLUMN, DeviceInfo, TickBatch
 from phasescope.sources.base import LiveSource
 from phasescope.sources.host import is_host_device
-from phasescope.sources.rapl import RaplReader
+from phasescope.sources.open import open_source
+from phasescope.sources.rapl import WithRapl
 from phasescope.sources.sampler import MIN_INTERVAL_S, Sampler
 
 log = logging.getLogger("phasescope.monitor")
@@ -334,56 +336,21 @@ class Monitor:
     # ---- setup ----
 
     def _open_source(self, source: str | LiveSource) -> LiveSource:
+        """`sources/open.py`'s choice for `source`, its lean readings (energy only, RAPL where readable)."""
         if not isinstance(source, str):
             return source
-        kind = source.strip().lower() or "auto"
-        if kind in ("auto", "nvml"):
-            from phasescope.sources.nvml import INSTALL_HINT, NvmlSource, nvml_available
-
-            def for_api(line: str) -> str:  # the CLI's hint names --source; here it is an argument
-                return line.replace(INSTALL_HINT, 'or use source="host" to measure the host only')
-
-            if kind == "auto":
-                ok, line = nvml_available()
-                if not ok:
-                    return self._host(line.replace(f", {INSTALL_HINT}", ""))
-            try:
-                # Lean reads: a window's energy needs power and the counter, not processes, GPM or NVLink.
-                nvml = NvmlSource(processes=False, gpm=False, nvlink=False, health=False)
-            except SourceError as exc:
-                if kind == "nvml":
-                    raise SourceError(for_api(str(exc))) from None
-                return self._host(str(exc).replace(f", {INSTALL_HINT}", ""))
-            if kind == "nvml":
-                return nvml
-            rapl = _rapl_or_reason()
-            if isinstance(rapl, str):  # no CPU energy: the GPUs alone, as Zeus without RAPL
-                return nvml
-            from phasescope.sources.host import CombinedSource, HostSource
-
-            return _WithRapl(CombinedSource(nvml, HostSource(find_torch=False), host_row=True), rapl)
-        if kind == "host":
-            return self._host(None)
-        from phasescope.sources.open import open_source
-
         try:
-            return open_source(source, say=self._note)
+            return open_source(source.strip() or "auto", say=self._note, lean=True)
+        except SourceError as exc:  # NVML asked for by name: the CLI's hint names --source; here, an argument
+            from phasescope.sources.nvml import INSTALL_HINT
+
+            raise SourceError(str(exc).replace(INSTALL_HINT, 'or use source="host" to measure the host only')
+                              ) from None
         except InputError as exc:
             if exc.path != "--source":
                 raise  # a replay file's own error names the file
             # The CLI's wording names its flag; here the spec is this argument.
             raise InputError("Monitor", "source", exc.expected, exc.got) from None
-
-    def _host(self, no_gpu: str | None) -> LiveSource:
-        """The host alone: CPU share and, where RAPL can be read, CPU package + DRAM energy."""
-        rapl = _rapl_or_reason()
-        if isinstance(rapl, str):
-            why = f"host energy not measured: {rapl}; time and CPU share are still measured"
-            self._note(f"{no_gpu}; {why}" if no_gpu else why)
-            return _lean_host()
-        if no_gpu:
-            self._note(f"{no_gpu}; measuring the host (CPU packages + DRAM through RAPL)")
-        return _WithRapl(_lean_host(), rapl)
 
     def _pick_interval(self, wanted: Interval, first: TickBatch) -> float | None:
         if wanted != "auto":
@@ -394,7 +361,7 @@ class Monitor:
                 continue
             if math.isfinite(first.values[row, _POWER]) and not math.isfinite(first.values[row, _ENERGY]):
                 return DEFAULT_INTERVAL_S  # power without a counter: it must be integrated, so sample
-        if isinstance(self.source, _WithRapl) and any(is_host_device(d) for d in self.devices):
+        if isinstance(self.source, WithRapl) and any(is_host_device(d) for d in self.devices):
             return RAPL_INTERVAL_S  # RAPL wraps every few minutes: a long window needs readings between
         return None
 
@@ -578,7 +545,7 @@ class Monitor:
         """RAPL's per-zone joules at the reading just taken (the lock orders readings); None when its
         packages + DRAM total is not finite: the energy skips that reading, so the split does too (a zone
         failing at the end used to leave NaN in `parts` and `dram_energy` beside a finite energy)."""
-        if not isinstance(self.source, _WithRapl):
+        if not isinstance(self.source, WithRapl):
             return None
         zones = self.source.zones
         return zones if zones and math.isfinite(self.source.rapl.total_j(zones)) else None
@@ -815,56 +782,6 @@ def _price_config(prices: object) -> PriceConfig:
                          "[prices] keys (usd_per_gpu_hour, usd_per_kwh, gpu) or None", prices)
     # parse() names the key: "Monitor: prices.usd_per_kwh: expected a number >= 0 (USD), got -1".
     return parse_config({"prices": dict(prices)}, "Monitor").prices
-
-
-class _WithRapl:
-    """A source whose host row gets RAPL's CPU package + DRAM joules in its `energy` column (a counter, as
-    NVML's: `kpi/energy.py` meters it the same way). `zones` holds the per-zone joules of the last read."""
-
-    def __init__(self, inner: LiveSource, rapl: RaplReader) -> None:
-        self.inner = inner
-        self.rapl = rapl
-        self.name = f"{inner.name}+rapl"
-        self.zones: dict[str, float] = {}
-        self._failed = ""
-
-    def devices(self) -> list[DeviceInfo]:
-        return self.inner.devices()
-
-    def read(self) -> TickBatch:
-        batch = self.inner.read()
-        try:
-            self.zones = self.rapl.read()
-            joules = self.rapl.total_j(self.zones)
-        except SourceError as exc:  # access taken away while running: NaN, and said once
-            self.zones, joules = {}, math.nan
-            if str(exc) != self._failed:
-                self._failed = str(exc)
-                batch.events.append(str(exc))
-        for row, dev in enumerate(batch.devices):
-            if is_host_device(dev):
-                batch.values[row, _ENERGY] = joules
-        return batch
-
-    def error_counts(self) -> dict[str, int]:
-        return self.inner.error_counts()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def _rapl_or_reason() -> RaplReader | str:
-    """A RAPL reader, or the one line that says why there is none (no zones, no permission)."""
-    try:
-        return RaplReader()
-    except SourceError as exc:
-        return str(exc)
-
-
-def _lean_host() -> LiveSource:
-    from phasescope.sources.host import HostSource
-
-    return HostSource(find_torch=False)  # CPU share and memory only: no process scan on the caller's time
 
 
 def _sync_cuda() -> None:

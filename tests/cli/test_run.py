@@ -299,3 +299,17 @@ def test_default_reports_are_unique_and_in_their_folder(tmp_path: Path, run_env:
                           env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(list(own.glob("phasescope-run-*.html"))) == 1
+
+
+def test_the_config_names_the_reports_folder(tmp_path: Path, run_env: dict[str, str]) -> None:
+    """`[run] report_dir` in the config file; `--report-dir` still wins."""
+    conf = tmp_path / "config.toml"
+    conf.write_text('[run]\nreport_dir = "from-config"\n')
+    env = dict(run_env, PHASESCOPE_CONFIG=str(conf))
+    cmd = [sys.executable, "-m", "phasescope", "run", "--source", "none"]
+    for extra, folder in (([], "from-config"), (["--report-dir", "from-flag"], "from-flag")):
+        proc = subprocess.run([*cmd, *extra, "--", sys.executable, "-c", "pass"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        (report,) = (tmp_path / folder).glob("phasescope-run-*.html")
+        assert f"report: {folder}/{report.name}" in proc.stderr

@@ -3,8 +3,8 @@
 `DeviceWatch` used to sum power trapezoids itself: NVML's energy counter ignored, and a gap in the readings
 bridged whatever its length (a real H100 trace with ~2 s dropouts at 10 Hz read 21% more than `cost energy`
 gives on the same ticks). These tests replay real recordings: through a clock the test moves (every tick of
-the file, no sleeping) against `kpi.energy.device_energy` on the very ticks the watch took, and end to end
-through the CLI against the file's own energy counter.
+the file through the watch's tick loop, no sleeping) against `kpi.energy.device_energy` on the very ticks the
+watch took, and end to end through the CLI against the file's own energy counter.
 """
 
 from __future__ import annotations
@@ -33,18 +33,19 @@ NO_POWER = Path("formats") / "nvidia-smi-csv-noheader" / "dst915__llama.cpp__gpu
 
 
 def _watch_replay(path: Path, interval_s: float) -> tuple[DeviceWatch, list[TickBatch]]:
-    """Every tick of a replay of `path`, one each `interval_s` of its clock, fed to a DeviceWatch as its
-    sampler thread would, until the replay ends."""
+    """Every tick of a replay of `path`, one each `interval_s` of its clock, fed through the watch's tick
+    loop as its sampler thread would, until the replay ends."""
     clock = [0.0]
     source = ReplaySource(read(path, "auto"), path=str(path), clock=lambda: clock[0],
                           wall_clock=lambda: 1.7e9)
     watch = DeviceWatch(f"replay:{path}", interval_s)
+    loop = watch.attach(source)
     ticks = []
     while True:
         batch = source.read()
         if source.exhausted:
             break
-        watch._on_tick(batch)
+        loop.on_tick(batch)
         ticks.append(batch)
         clock[0] += interval_s
     return watch, ticks

@@ -56,3 +56,27 @@ def test_open_replay_of_a_real_file(shared_data: Path) -> None:
 def test_open_replay_of_a_missing_file_is_one_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         open_source(f"replay:{tmp_path / 'absent.csv'}")
+
+
+def test_lean_host_is_the_measured_readings_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lean=True` (phasescope.measure's Monitor): the host without its torch scan; with no RAPL zone its
+    energy is unknown, said in one line, and with a readable zone its row carries RAPL's joules."""
+    from phasescope.schema import SIGNAL_COLUMN
+    from phasescope.sources import rapl
+    from phasescope.sources.host import HostSource
+    from tests.fakes.fake_powercap import make_zone, set_uj
+
+    monkeypatch.setattr(rapl, "POWERCAP", tmp_path)  # no zones
+    said: list[str] = []
+    src = open_source("host", say=said.append, lean=True)
+    assert isinstance(src, HostSource) and not src._find_torch
+    assert len(said) == 1 and said[0].startswith("host energy not measured: no RAPL energy counters")
+    src.close()
+    make_zone(tmp_path, "intel-rapl:0", "package-0", 5_000_000)
+    said.clear()
+    src = open_source("host", say=said.append, lean=True)
+    assert isinstance(src, rapl.WithRapl) and said == []
+    set_uj(tmp_path, "intel-rapl:0", 7_500_000)
+    batch = src.read()
+    assert batch.values[0, SIGNAL_COLUMN["energy"]] == pytest.approx(2.5)  # J since the first reading
+    src.close()

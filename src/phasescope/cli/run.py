@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -25,12 +25,16 @@ from phasescope.cli._output import check_writable, write_output
 from phasescope.errors import InputError, PhasescopeError
 from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
-from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, FleetEnergyMeter
+from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
 from phasescope.kpi.run_summary import summarize
 from phasescope.schema import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.sources.scrape.poller import Poller
 from phasescope.views.run_report import print_summary, render_html
+
+if TYPE_CHECKING:
+    from phasescope.live.loop import TickLoop
+    from phasescope.sources.base import LiveSource
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -40,21 +44,24 @@ class CommandNotFound(PhasescopeError):
 
 
 class DeviceWatch:
-    """Samples `--source` on a thread while the command runs; a failure becomes a note, never an error.
+    """Watches `--source` while the command runs, through the live pipeline; a failure becomes a note.
 
-    Energy is `kpi/energy.py`'s: one `FleetEnergyMeter` fed every tick, as `top`/`serve` and
-    `phasescope.measure` meter it (the energy counter where a device has one, resets bridged by power; else
-    power integrated only across intervals within `gap_factor` sample periods, the period learnt on the
-    readings' own clock), so a run's figure is what `phasescope cost energy` gives on the same samples, with
-    the same method and coverage. Utilisation, memory and power are running figures: constant memory however
-    long the command runs.
+    The readings go through `live/loop.py`'s `TickLoop` (its sampler thread, its one `FleetEnergyMeter`), as
+    `top`, `serve` and `demo` take them, so a run's energy is metered by the same code on the same rule (the
+    energy counter where a device has one, resets bridged by power; else power integrated only across
+    intervals within `gap_factor` sample periods, the period learnt on the readings' own clock): what
+    `phasescope cost energy` gives on the same samples. The loop's one sink keeps the running figures
+    (utilisation, memory, power), so memory stays constant however long the command runs.
     """
+
+    SINK = "summarising the device readings"  # the sink's name on a note, should it fail
 
     def __init__(self, spec: str, interval: float | None, gap_factor: float = DEFAULT_GAP_FACTOR) -> None:
         self.spec = spec
         self.interval = interval  # None: `live_interval`'s, once the source is open (a replay: its own rate)
+        self.gap_factor = gap_factor
         self.stop = threading.Event()
-        self.meter = FleetEnergyMeter(gap_factor=gap_factor)
+        self.loop: TickLoop | None = None  # once the source is open
         self.stats: dict[str, _DeviceStats] = {}  # uuid -> running figures, in the order devices appeared
         self.notes: list[str] = []
         self._lock = threading.Lock()  # finish() may read while a late tick is still being taken
@@ -66,12 +73,22 @@ class DeviceWatch:
         self._thread = threading.Thread(target=self._run, name="phasescope-watch", daemon=True)
         self._thread.start()
 
-    def _on_tick(self, tick: TickBatch) -> None:
+    def attach(self, source: LiveSource) -> TickLoop:
+        """The tick loop over the open `source` (the watch thread's; a test may hand in its own)."""
+        from phasescope.live.loop import TickLoop  # here: `--source none` never loads the live layer
+        from phasescope.live.state import LiveState
+
+        self.interval = live_interval(source, self.interval, say=self.notes.append)
+        self.loop = TickLoop(source, self.interval, LiveState(source.name), sinks=[(self.SINK, self._take)],
+                             gap_factor=self.gap_factor)
+        return self.loop
+
+    def _take(self, tick: TickBatch) -> None:
+        """The loop's sink: notes of the tick's events and each device's running figures."""
         for event in tick.events:  # e.g. a GPU lost mid-run: the summary says so, once
             if f"device: {event}" not in self.notes:
                 self.notes.append(f"device: {event}")
         with self._lock:
-            self.meter.update(tick)
             for row, dev in enumerate(tick.devices):
                 stats = self.stats.get(dev.uuid)
                 if stats is None:
@@ -80,33 +97,36 @@ class DeviceWatch:
 
     def _run(self) -> None:
         try:
+            # The live layer is loaded before the source opens: a replay's clock starts at its opening.
+            import phasescope.live.loop  # noqa: F401
             from phasescope.sources.open import open_source
-            from phasescope.sources.sampler import Sampler
-        except ImportError as exc:
-            self.notes.append(f"device not watched: {exc}")
-            return
-        try:
+
             source = open_source(self.spec)
         except Exception as exc:  # an unusable source must not stop the user's program
             self.notes.append(f"device not watched: {exc}")
             return
-        self.interval = live_interval(source, self.interval, say=self.notes.append)
         try:
-            Sampler(source, self.interval).run(self._on_tick, duration=None, stop=self.stop)
+            loop = self.attach(source)
         except Exception as exc:
-            self.notes.append(f"device watch stopped: {type(exc).__name__}: {exc}")
-        finally:
             with contextlib.suppress(Exception):
                 source.close()
+            self.notes.append(f"device not watched: {exc}")
+            return
+        loop.run(self.stop)  # closes the source; a source failing mid-run is `loop.failure`
 
     def finish(self) -> dict[str, Any]:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        loop = self.loop
+        if loop is not None:
+            if loop.failure:
+                self.notes.append(f"device watch: {loop.failure}")
+            self.notes += [e for e in loop.state.events() if e.startswith(self.SINK)]
         with self._lock:
-            if not self.stats:
+            if not self.stats or loop is None:
                 return {"source": self.spec, "devices": []}
-            energy = {r.device: r for r in self.meter.results()}
+            energy = loop.energy_results()
             out, partial = [], []
             for uuid, stats in self.stats.items():
                 e = energy[uuid]
@@ -189,14 +209,14 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
     return (128 - code if code < 0 else code), start, time.time()
 
 
-REPORT_DIR = "phasescope-runs"  # the default reports' folder, under the current one
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="HTML report to write (default: phasescope-run-<time>-<pid>.html in --report-dir; "
                    "'-' for none).")
-@click.option("--report-dir", type=click.Path(file_okay=False), default=REPORT_DIR, show_default=True,
-              help="Folder for the default report (created when missing).")
+@click.option("--report-dir", type=click.Path(file_okay=False),
+              help="Folder for the default report (created when missing; default: the config's "
+                   "[run] report_dir, else phasescope-runs).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
 @interval_option("Device sampling interval, seconds (0.1 = 10 Hz).")
 @click.option("--source", default="auto", show_default=True,
@@ -212,7 +232,7 @@ REPORT_DIR = "phasescope-runs"  # the default reports' folder, under the current
               help="Time between scrapes of --scrape endpoints, e.g. 5s.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(report_path: str | None, report_dir: str, json_path: str | None, interval: float | None,
+def command(report_path: str | None, report_dir: str | None, json_path: str | None, interval: float | None,
             source: str,
             events_path: str | None, idle_gap: float, scrape_urls: tuple[str, ...], scrape_interval: float,
             quiet: bool, cmd: tuple[str, ...]) -> None:
@@ -221,6 +241,10 @@ def command(report_path: str | None, report_dir: str, json_path: str | None, int
     Example: phasescope run --json run.json -- python train.py --epochs 1
     """
     # Outputs that cannot be written are refused now, not after the command has run for hours.
+    from phasescope import config as configmod
+
+    cfg = configmod.load(None)
+    report_dir = report_dir or cfg.run.report_dir
     report = None if report_path == "-" else Path(report_path) if report_path else default_report(report_dir)
     outputs = [(Path(json_path), "--json")] if json_path else []
     outputs += [(report, "--report")] if report is not None else []
@@ -230,12 +254,11 @@ def command(report_path: str | None, report_dir: str, json_path: str | None, int
         source = "none"
     gap_factor = DEFAULT_GAP_FACTOR
     if source != "none":  # a typo is refused now; a source that fails while running is only a note
-        from phasescope import config as configmod
         from phasescope.sources.open import check_spec
 
         check_spec(source)
         # The config's gap rule, as `cost energy` and `top` apply it: the same samples, the same figure.
-        gap_factor = configmod.load(None).thresholds.energy_gap_factor
+        gap_factor = cfg.thresholds.energy_gap_factor
     watch = DeviceWatch(source, interval, gap_factor)
     with contextlib.ExitStack() as stack:
         if events_path:

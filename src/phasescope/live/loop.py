@@ -1,11 +1,13 @@
-"""The one tick pipeline of a process, and its one energy meter: what `top`, `serve` and `demo` all run.
+"""The one tick pipeline of a process, and its one energy meter: what `top`, `serve`, `demo` and `run`'s
+device watch all run.
 
 Each tick, in the sampler thread: the source's batch goes into the `LiveState` (rings, processes, health)
 together with the energy meter's step, under each device's phase current at that tick (`LiveState.ingest`
 calls the meter under its lock, so no view sees a tick without its energy); then to the sinks (the live
-store); then through `annotate` (the live classifier's phase, hook and scrape KPIs), whose phase the next
-tick's energy goes under. The status line, the table, the dashboard and `/metrics` all show one meter's
-figures: there is no second meter to keep equal. See docs/design/live-pipeline.md.
+store; `run`'s running figures); then through `annotate` (the live classifier's phase, hook and scrape
+KPIs), whose phase the next tick's energy goes under. The status line, the table, the dashboard and
+`/metrics` all show one meter's figures: there is no second meter to keep equal. See
+docs/design/live-pipeline.md.
 
 A failing sink or annotation is said once on the status line and dropped; the telemetry goes on. A failing
 source ends sampling with a status line, never with a traceback in the view.

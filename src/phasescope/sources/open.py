@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from phasescope.errors import InputError
+from phasescope.errors import InputError, SourceError
 from phasescope.sources.base import LiveSource
 
 SPEC_HELP = "auto, nvml, host or replay:PATH[?speed=N&loop=1&format=F]"
@@ -100,11 +100,19 @@ def _check_format(path: Path, fmt: str) -> None:
         raise InputError(path, what, f"one of: auto, {known_formats()}", name)
 
 
-def open_source(spec: str = "auto", *, say: Callable[[str], None] | None = None) -> LiveSource:
-    """The LiveSource a `--source` spec names. `say` gets one-line notices (default: stderr)."""
+def open_source(spec: str = "auto", *, say: Callable[[str], None] | None = None,
+                lean: bool = False) -> LiveSource:
+    """The LiveSource a `--source` spec names. `say` gets one-line notices (default: stderr).
+
+    lean: the readings a window's energy needs and no more (`phasescope.measure`'s Monitor): NVML without
+    process, GPM, NVLink or health calls, the host without its torch scan, and where RAPL can be read the
+    host row with CPU package + DRAM energy (`sources/rapl.WithRapl`), beside the GPUs under auto.
+    """
     say = say or _say_stderr
     text = (spec or "auto").strip()
     kind = text.lower()
+    if lean and kind in ("auto", "nvml", "host"):
+        return _open_lean(kind, say)
     if kind == "auto":
         from phasescope.sources.nvml import open_nvml_or_none
 
@@ -133,3 +141,48 @@ def _host() -> LiveSource:
     from phasescope.sources.host import HostSource
 
     return HostSource()
+
+
+def _open_lean(kind: str, say: Callable[[str], None]) -> LiveSource:
+    """`open_source(kind, lean=True)` for auto, nvml and host: energy readings only, RAPL where readable."""
+    if kind == "host":
+        return _lean_host(None, say)
+    from phasescope.sources.nvml import INSTALL_HINT, NvmlSource, nvml_available
+
+    if kind == "auto":
+        ok, line = nvml_available()
+        if not ok:  # falling back to the host already: the hint to ask for it is moot
+            return _lean_host(line.replace(f", {INSTALL_HINT}", ""), say)
+    try:
+        nvml = NvmlSource(processes=False, gpm=False, nvlink=False, health=False)
+    except SourceError as exc:
+        if kind == "nvml":
+            raise
+        return _lean_host(str(exc).replace(f", {INSTALL_HINT}", ""), say)
+    if kind == "nvml":
+        return nvml
+    from phasescope.sources.rapl import WithRapl, rapl_or_reason
+
+    rapl = rapl_or_reason()
+    if isinstance(rapl, str):  # no CPU energy: the GPUs alone (as Zeus without RAPL), and nothing to say
+        return nvml
+    from phasescope.sources.host import CombinedSource, HostSource
+
+    return WithRapl(CombinedSource(nvml, HostSource(find_torch=False), host_row=True), rapl)
+
+
+def _lean_host(no_gpu: str | None, say: Callable[[str], None]) -> LiveSource:
+    """The host alone (CPU share and memory, no torch scan), with RAPL's energy where it can be read; one
+    line says why there is no GPU (`no_gpu`) and what the host's energy comes from, or why it is unknown."""
+    from phasescope.sources.host import HostSource
+    from phasescope.sources.rapl import WithRapl, rapl_or_reason
+
+    host = HostSource(find_torch=False)  # no process scan on the measured program's time
+    rapl = rapl_or_reason()
+    if isinstance(rapl, str):
+        why = f"host energy not measured: {rapl}; time and CPU share are still measured"
+        say(f"{no_gpu}; {why}" if no_gpu else why)
+        return host
+    if no_gpu:
+        say(f"{no_gpu}; measuring the host (CPU packages + DRAM through RAPL)")
+    return WithRapl(host, rapl)

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phasescope.errors import SourceError
+from phasescope.schema import SIGNAL_COLUMN, DeviceInfo, TickBatch
+from phasescope.sources.base import LiveSource
+from phasescope.sources.host import is_host_device
 
 POWERCAP = Path("/sys/class/powercap")
 _PREFIX = "intel-rapl:"
@@ -102,3 +105,47 @@ class RaplReader:
     def total_j(self, reading: dict[str, float]) -> float:
         """Packages + DRAM of one `read()`; NaN if one of those zones failed (a partial sum reads low)."""
         return math.fsum(reading.get(z.label, math.nan) for z in self.zones if z.summed)
+
+
+def rapl_or_reason() -> RaplReader | str:
+    """A RAPL reader, or the one line that says why there is none (no zones, no permission)."""
+    try:
+        return RaplReader()
+    except SourceError as exc:
+        return str(exc)
+
+
+class WithRapl:
+    """A source whose host row gets RAPL's CPU package + DRAM joules in its `energy` column (a counter, as
+    NVML's: `kpi/energy.py` meters it the same way). `zones` holds the per-zone joules of the last read."""
+
+    def __init__(self, inner: LiveSource, rapl: RaplReader) -> None:
+        self.inner = inner
+        self.rapl = rapl
+        self.name = f"{inner.name}+rapl"
+        self.zones: dict[str, float] = {}
+        self._failed = ""
+
+    def devices(self) -> list[DeviceInfo]:
+        return self.inner.devices()
+
+    def read(self) -> TickBatch:
+        batch = self.inner.read()
+        try:
+            self.zones = self.rapl.read()
+            joules = self.rapl.total_j(self.zones)
+        except SourceError as exc:  # access taken away while running: NaN, and said once
+            self.zones, joules = {}, math.nan
+            if str(exc) != self._failed:
+                self._failed = str(exc)
+                batch.events.append(str(exc))
+        for row, dev in enumerate(batch.devices):
+            if is_host_device(dev):
+                batch.values[row, SIGNAL_COLUMN["energy"]] = joules
+        return batch
+
+    def error_counts(self) -> dict[str, int]:
+        return self.inner.error_counts()
+
+    def close(self) -> None:
+        self.inner.close()
