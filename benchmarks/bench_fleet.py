@@ -13,6 +13,12 @@ worker processes (they overlap, so with 2 workers they add up to more than the t
 Prometheus (from /proc), of our decoding (HTTP, JSON, grid) and of our classification; the 1-minute
 load average after the pass, since the machine may be shared.
 
+Then, per pass, each stage's wall and CPU seconds summed over the workers (`ScanResult.stages`: the listing
+calls, then per batch http, decode, assemble, classify) with its CPU cost per GPU-hour, and the busiest
+worker's peak RSS. Last, baselines measured in the same run on the same bytes (one batch's answer): the
+old read path (httpx) against the new (`http.client`), the plain `json.loads` decoder against the columnar
+one, and the model-and-segments part of `classify` against the fleet verdict around it (judge).
+
     .venv/bin/python benchmarks/bench_fleet.py --gpus 1000 --hours 1 --workers 1,2
 """
 
@@ -22,6 +28,8 @@ import argparse
 import csv
 import json
 import os
+import platform
+import resource
 import shutil
 import signal
 import socket
@@ -29,17 +37,19 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+from phasescope.classify import verdict
 from phasescope.classify.model import PhaseModel
 from phasescope.fleet import openmetrics
-from phasescope.fleet.collect import fetch_traces
+from phasescope.fleet.collect import build_traces, fetch_traces, plan_fetch
 from phasescope.fleet.judge import judge_all
-from phasescope.fleet.scan import ScanOptions, scan
-from phasescope.prom.client import PromClient
+from phasescope.fleet.scan import ScanOptions, ScanResult, scan
+from phasescope.prom.client import PromClient, _parse_matrix_json, parse_matrix
 from phasescope.schema import DeviceInfo, Trace
 from phasescope.sources.replay import read
 
@@ -93,6 +103,84 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as `lscpu | grep 'Model name'` prints it (docs/BENCHMARKS.md quotes it)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def stage_table(passes: list[tuple[int, ScanResult]]) -> None:
+    """Each stage's seconds per pass, and its CPU per GPU-hour (the rate docs/design/fleet-scale.md uses)."""
+    print("\n| GPUs | workers | stage | calls | wall s (summed) | CPU s | CPU ms per GPU-hour |")
+    print("|---|---|---|---|---|---|---|")
+    for n, r in passes:
+        gpu_hours = n * (r.end - r.start + 1) / 3600
+        for name, wall in r.stages.wall.items():
+            cpu = r.stages.cpu[name]
+            print(
+                f"| {n} | {r.workers} | {name} | {r.stages.calls[name]} | {wall:.2f} | {cpu:.2f} "
+                f"| {1000 * cpu / gpu_hours:.2f} |"
+            )
+        rss = r.worker_peak_rss_bytes / 2**20
+        print(f"| {n} | {r.workers} | busiest worker's peak RSS | | | | {rss:.0f} MiB |")
+
+
+def best_cpu(fn: Callable[[], object], repeat: int = 3) -> float:
+    """The least CPU seconds of `repeat` calls (the machine is shared: the least is the least disturbed)."""
+    best = float("inf")
+    for _ in range(repeat):
+        c = time.process_time()
+        fn()
+        best = min(best, time.process_time() - c)
+    return best
+
+
+def same_bytes_baselines(url: str, start: float, end: float, model: PhaseModel) -> None:
+    """Old against new on one batch's answer, in this run: read path, decoder; and classify against judge."""
+    with PromClient(url) as new, PromClient(url, transport=httpx.HTTPTransport()) as old:
+        plan = plan_fetch(new, start=start, end=end, max_samples=ScanOptions.max_samples)
+        batch = plan.batches[0]
+        regex = "|".join(d.ident for d in batch)
+        metrics = "|".join(sorted({m for d in batch for m in d.metrics}))
+        form = {
+            "query": f'{{__name__=~"{metrics}",uuid=~"{regex}"}}',
+            "start": f"{start:.3f}",
+            "end": f"{end:.3f}",
+            "step": "1",
+        }
+        body = new._post("/api/v1/query_range", form)
+        assert body == old._post("/api/v1/query_range", form)
+        read_new = best_cpu(lambda: new._post("/api/v1/query_range", form))
+        read_old = best_cpu(lambda: old._post("/api/v1/query_range", form))
+    dec_new = best_cpu(lambda: parse_matrix(body))
+    dec_old = best_cpu(lambda: _parse_matrix_json(body, "bench"))
+    series = parse_matrix(body)
+    samples = sum(s.time.size for s in series)
+    traces = build_traces(batch, series, plan.start, plan.step, plan.n_points, plan.mmap, plan.limits)
+    c0 = time.process_time()
+    for t in traces:
+        verdict.build(t, model, evidence=False)
+    c1 = time.process_time()
+    judge_all(traces, model)
+    c2 = time.process_time()
+    per_m = 1e6 / samples
+    print(
+        f"\nSame bytes, one batch ({len(batch)} GPUs, {samples:,} samples, {len(body) / 1e6:.1f} MB), "
+        "CPU s per million samples, best of 3:"
+    )
+    print("| part | old | new | old / new |")
+    print("|---|---|---|---|")
+    print(f"| read the answer (httpx -> http.client) | {read_old * per_m:.3f} | {read_new * per_m:.3f} "
+          f"| {read_old / read_new:.1f}x |")
+    print(f"| decode (json.loads -> columnar) | {dec_old * per_m:.3f} | {dec_new * per_m:.3f} "
+          f"| {dec_old / dec_new:.1f}x |")
+    print(f"| classify: model + segments (verdict.build) | | {(c1 - c0) * per_m:.3f} | |")
+    print(f"| judge: the fleet verdict around it (judge_all - verdict.build) | | "
+          f"{((c2 - c1) - (c1 - c0)) * per_m:.3f} | |")
+
+
 def prom_version() -> str:
     out = subprocess.run(["prometheus", "--version"], capture_output=True, text=True)
     return (out.stdout or out.stderr).split()[2]
@@ -108,7 +196,7 @@ def build_tsdb(work: Path, n: int, seconds: int) -> tuple[float, dict[str, str]]
     marker = work / "tsdb.json"
     if marker.exists():
         meta = json.loads(marker.read_text())
-        if meta["gpus"] == n and meta["seconds"] == seconds:
+        if meta["gpus"] == n and meta["seconds"] == seconds and meta.get("targets"):
             print(f"reusing {work / 'tsdb'} ({n} GPUs x {seconds} s)", flush=True)
             return float(meta["end"]), meta["labels"]
     shutil.rmtree(work / "tsdb", ignore_errors=True)
@@ -116,7 +204,11 @@ def build_tsdb(work: Path, n: int, seconds: int) -> tuple[float, dict[str, str]]
     t0 = time.perf_counter()
     traces, labels = fleet_traces(n, seconds, end)
     om = work / "fleet.om"
-    samples = openmetrics.write(traces, om, "phasescope")
+    # one scrape target per node with its `up` series, so that each pass makes its `up` call as in a real
+    # deployment (collect.scrape_targets); the series then carry the target's job and instance
+    hosts = {t.device.host for t in traces}
+    targets = {h: {"job": "gpu-agent", "instance": f"{h}:9400"} for h in hosts}
+    samples = openmetrics.write(traces, om, "phasescope", targets=targets)
     t1 = time.perf_counter()
     print(
         f"wrote {samples:,} samples ({om.stat().st_size / 1e9:.2f} GB OpenMetrics) in {t1 - t0:.0f}s",
@@ -129,7 +221,9 @@ def build_tsdb(work: Path, n: int, seconds: int) -> tuple[float, dict[str, str]]
     )
     om.unlink()
     print(f"promtool backfill {time.perf_counter() - t1:.0f}s", flush=True)
-    marker.write_text(json.dumps({"gpus": n, "seconds": seconds, "end": end, "labels": labels}))
+    marker.write_text(
+        json.dumps({"gpus": n, "seconds": seconds, "end": end, "labels": labels, "targets": True})
+    )
     return end, labels
 
 
@@ -192,7 +286,10 @@ def main() -> None:
             time.sleep(0.5)
         digits = len(str(args.small - 1))
         small_sel = '{uuid=~"GPU-bench-' + "0" * (4 - digits) + "[0-9]" * digits + '"}' if args.small else ""
-        print(f"\nPrometheus {prom_version()}, {os.cpu_count()} CPUs, range {seconds} s at 1 s step\n")
+        print(
+            f"\nPrometheus {prom_version()}, {os.cpu_count()} CPUs ({cpu_model()}), "
+            f"range {seconds} s at 1 s step\n"
+        )
         print(
             "| GPUs | pass | workers | batch | queries | total s | query s | classify s "
             "| CPU s: Prometheus | CPU s: decode | CPU s: classify | samples | correct label | load 1 min |"
@@ -208,6 +305,7 @@ def main() -> None:
             for w in workers_list
             for b in batch_list
         ]
+        passes: list[tuple[int, ScanResult]] = []
         for sel, n, k, workers, batch in runs:
             opts = ScanOptions(
                 url=url,
@@ -221,6 +319,8 @@ def main() -> None:
             prom_cpu = cpu_seconds(prom.pid)
             r = scan(opts, model=model)
             prom_cpu = cpu_seconds(prom.pid) - prom_cpu
+            r.stages.record("Prometheus (server CPU)", r.wall_s, prom_cpu, r.stats.queries)
+            passes.append((n, r))
             assert len(r.verdicts) == n, (len(r.verdicts), n)
             right = sum(
                 v.label == labels[v.uuid] or (v.label == "held_idle" and labels[v.uuid] == "idle")
@@ -237,6 +337,9 @@ def main() -> None:
                 with open(args.labels_out, "a") as f:
                     for v in r.verdicts:
                         f.write(f"{n}\t{r.workers}\t{batch}\t{k + 1}\t{v.uuid}\t{v.label}\t{v.current}\n")
+        stage_table(passes)
+        print(f"\nparent's peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+        same_bytes_baselines(url, end - seconds + 1, end, model)
         if args.check_identical:
             with PromClient(url) as client:
                 traces = fetch_traces(

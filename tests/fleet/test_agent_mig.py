@@ -21,7 +21,7 @@ from phasescope.fleet.collect import _batches, build_traces, discover, fetch_tra
 from phasescope.fleet.judge import HELD_IDLE, judge_all
 from phasescope.fleet.shard import Shard
 from phasescope.kpi.cost import Prices
-from phasescope.prom.client import PromClient, Series
+from phasescope.prom.client import PromClient, Series, StageClock
 from phasescope.prom.names import SIGNAL_METRICS
 from phasescope.schema import DeviceInfo, Trace
 
@@ -47,6 +47,7 @@ class _SeriesApi:
 
     def __init__(self, label_sets: list[dict[str, str]]) -> None:
         self.label_sets = label_sets
+        self.clock = StageClock()  # discover times its calls
 
     def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:
         wanted = set(match.split('"')[1].split("|"))

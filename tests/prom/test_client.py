@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+from http.server import BaseHTTPRequestHandler
+from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 from phasescope.errors import InputError, SourceError
 from phasescope.prom.client import MAX_POINTS, PromClient, parse_matrix, selector_body
 from phasescope.schema import Trace
+from tests.http_helpers import serving
 
 
 def _answer(series: list[tuple[dict[str, str], np.ndarray, np.ndarray]], indent: int | None = None) -> bytes:
@@ -153,3 +157,74 @@ def test_selector_body(text: str, body: str) -> None:
 def test_bad_selectors(bad: str) -> None:
     with pytest.raises(InputError, match="--selector"):
         selector_body(bad)
+
+
+def _range_answer(n: int) -> bytes:
+    ts = 1_700_000_000.0 + np.arange(n)
+    return _answer([({"__name__": "m", "uuid": "GPU-a"}, ts, np.arange(n) * 1.5)])
+
+
+class _Direct(BaseHTTPRequestHandler):
+    """Answers over HTTP/1.1 as Prometheus does; each test case sets how (see the class attributes)."""
+
+    protocol_version = "HTTP/1.1"
+    hang_up_after = False  # close the kept-alive connection after answering, without saying so
+    gzip = False  # compress although asked for identity, as a misconfigured proxy might
+    silent = False  # close without answering at all
+    seen: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        type(self).seen.append(f"{self.path} {self.headers.get('Accept-Encoding')} {form[:20]}")
+        if self.silent:
+            self.close_connection = True
+            return
+        body = _range_answer(5)
+        self.send_response(200)
+        if self.gzip:
+            body = gzip.compress(body)
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = self.hang_up_after
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _direct_handler(**attrs: object) -> type[_Direct]:
+    return type("Handler", (_Direct,), {"seen": [], **attrs})
+
+
+def test_the_direct_path_reads_prometheus_answers() -> None:
+    handler = _direct_handler()
+    with serving(handler) as url, PromClient(url + "/prefix") as c:
+        assert c._direct
+        for _ in range(3):  # one kept-alive connection
+            got = c.query_range("m", 1_700_000_000.0, 1_700_000_004.0, 1.0)
+            np.testing.assert_array_equal(got[0].values, np.arange(5) * 1.5)
+    assert len(handler.seen) == 3 and all(s.startswith("/prefix/api/v1/query_range identity query=m") for s in
+                                          handler.seen)
+    assert c.clock.calls == {"http": 3, "decode": 3}
+
+
+def test_the_direct_path_reopens_a_connection_the_server_closed() -> None:
+    handler = _direct_handler(hang_up_after=True)
+    with serving(handler) as url, PromClient(url) as c:
+        for _ in range(3):
+            assert c.query_range("m", 1_700_000_000.0, 1_700_000_004.0, 1.0)[0].time.size == 5
+    assert len(handler.seen) == 3  # each asked once: the stale connection's try never reached the server
+
+
+def test_the_direct_path_unpacks_gzip_and_reports_a_silent_server() -> None:
+    with serving(_direct_handler(gzip=True)) as url, PromClient(url) as c:
+        assert c.query_range("m", 1_700_000_000.0, 1_700_000_004.0, 1.0)[0].values[-1] == 6.0
+    with (
+        serving(_direct_handler(silent=True)) as url,
+        PromClient(url) as c,
+        pytest.raises(SourceError, match=r"cannot reach the Prometheus API \(RemoteDisconnected"),
+    ):
+        c.query_range("m", 0, 1, 1)
+    with pytest.raises(InputError, match=r"--prometheus: URL: expected http\(s\)"):
+        PromClient("http://prom:nine")

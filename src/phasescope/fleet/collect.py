@@ -96,7 +96,9 @@ def discover(
     mmap = mmap or names.metric_map()
     match = _matchers(f'__name__=~"{mmap.name_regex()}"', COMPAT_EXCLUDE, selector_body(selector))
     devices: dict[str, _Device] = {}
-    for labels in client.series(match, start, end):
+    with client.clock.stage("series"):
+        listed = client.series(match, start, end)
+    for labels in listed:
         key = names.device_key(labels)
         if key is None:
             continue  # a series that names no device (an aggregate): nothing to classify
@@ -110,7 +112,9 @@ def discover(
     for d in devices.values():
         d.target = targets.get((d.labels.get("job", ""), d.labels.get("instance", "")), {})
     if any(d.label_name == "uuid" for d in devices.values()):  # the agent's devices: its MIG facts
-        for key, (parent, profile) in gpu_info(client, start, end).items():
+        with client.clock.stage("gpu_info"):
+            mig = gpu_info(client, start, end)
+        for key, (parent, profile) in mig.items():
             if key in devices:
                 devices[key].parent, devices[key].profile = parent, profile
     # A physical GPU's rows side by side (the agent's MIG uuids sort apart from their parent's):
@@ -132,7 +136,9 @@ def scrape_targets(
         return {}
     regex = "|".join(escape_regex(j) for j in wanted)
     out: dict[tuple[str, str], dict[str, str]] = {}
-    for labels in client.series(f'{{__name__="up",job=~"{regex}"}}', start, end):
+    with client.clock.stage("up"):
+        listed = client.series(f'{{__name__="up",job=~"{regex}"}}', start, end)
+    for labels in listed:
         out[(labels.get("job", ""), labels.get("instance", ""))] = {
             k: v for k, v in labels.items() if k != "__name__"
         }
@@ -406,13 +412,15 @@ def plan_fetch(
     workload, body = split_selector(selector)
     devices = discover(client, start, end, body, mmap)
     devices = in_shard(devices, shard)
-    pods = attribution.fetch(client, start, end) if devices else {}
+    with client.clock.stage("attribution"):
+        pods = attribution.fetch(client, start, end) if devices else {}
     if workload:
         devices = [d for d in devices if _workload_matches(_workload_of(d, pods), workload)]
     n_points = int(np.floor((end - start) / step + 1e-9)) + 1
     total = sum(max(len(d.metrics), 1) for d in devices) * n_points
     budget = min(max_samples, max(-(-total // max(parts, 1)), 1))
-    limits = fetch_limits(client, devices, end, end - start) if devices else {}
+    with client.clock.stage("limits"):
+        limits = fetch_limits(client, devices, end, end - start) if devices else {}
     batches = list(_batches(devices, n_points, budget))
     return FetchPlan(start, end, step, n_points, body, mmap, devices, batches, limits, pods)
 
@@ -430,10 +438,11 @@ def fetch_batch(client: PromClient, plan: FetchPlan, batch: list[_Device]) -> tu
     regex = "|".join(sorted({escape_regex(d.ident) for d in batch}))
     metrics = "|".join(sorted({m for d in batch for m in d.metrics if m in plan.mmap.metrics}))
     query = _matchers(f'__name__=~"{metrics}"', f'{label}=~"{regex}"', COMPAT_EXCLUDE, plan.selector_body)
-    series = client.query_range(query, plan.start, plan.end, plan.step)
+    series = client.query_range(query, plan.start, plan.end, plan.step)  # its stages: "http", "decode"
     samples = sum(s.time.size for s in series)
-    traces = build_traces(batch, series, plan.start, plan.step, plan.n_points, plan.mmap, plan.limits)
-    return attribution.attach(traces, plan.pods), len(series), samples
+    with client.clock.stage("assemble"):
+        traces = build_traces(batch, series, plan.start, plan.step, plan.n_points, plan.mmap, plan.limits)
+        return attribution.attach(traces, plan.pods), len(series), samples
 
 
 def fetch_traces(

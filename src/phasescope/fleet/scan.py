@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -26,7 +27,7 @@ from phasescope.fleet.judge import DEFAULT_HELD_MEM_BYTES, DeviceVerdict, judge_
 from phasescope.fleet.shard import Shard
 from phasescope.fleet.summary import summary
 from phasescope.kpi.cost import Prices
-from phasescope.prom.client import PromClient
+from phasescope.prom.client import PromClient, StageClock
 
 # Batches per worker: several, so that a worker that drew slow batches does not leave the others idle
 # at the end of the pass.
@@ -39,6 +40,16 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows
         return max(1, os.cpu_count() or 1)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (0 where the OS has no getrusage)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux kilobytes
 
 
 @dataclass
@@ -70,6 +81,13 @@ class ScanResult:
     workers: int = 1
     query_cpu_s: float = 0.0  # CPU time of this side (not the server's) in the query part
     classify_cpu_s: float = 0.0
+    # Wall and CPU seconds per stage, summed over the workers: the listing calls ("series", "up", "gpu_info",
+    # "attribution", "limits"), then per batch "http" (Prometheus evaluating and sending), "decode",
+    # "assemble" (the Traces) and "classify" (model, segments and the fleet verdict).
+    stages: StageClock = field(default_factory=StageClock)
+    # Peak resident memory of the busiest worker process (of this process with one worker), what a replica
+    # must budget per worker on top of the parent.
+    worker_peak_rss_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +102,8 @@ class ScanResult:
                 "query_cpu_s": round(self.query_cpu_s, 3),
                 "classify_cpu_s": round(self.classify_cpu_s, 3),
                 "workers": self.workers,
+                "stages": self.stages.to_dict(),
+                "worker_peak_rss_bytes": self.worker_peak_rss_bytes,
             },
             "fetched": {
                 "devices": self.stats.devices,
@@ -105,6 +125,8 @@ class _BatchResult:
     classify_s: float
     query_cpu_s: float
     classify_cpu_s: float
+    stages: StageClock
+    peak_rss_bytes: int
 
 
 @dataclass
@@ -116,12 +138,20 @@ class _Job:
     held_mem_bytes: float
 
     def run(self, i: int) -> _BatchResult:
-        w0, c0 = time.perf_counter(), time.process_time()
-        traces, n_series, n_samples = fetch_batch(self.client, self.plan, self.plan.batches[i])
-        w1, c1 = time.perf_counter(), time.process_time()
-        verdicts = judge_all(traces, self.model, self.prices, self.held_mem_bytes)
-        w2, c2 = time.perf_counter(), time.process_time()
-        return _BatchResult(verdicts, n_series, n_samples, w1 - w0, w2 - w1, c1 - c0, c2 - c1)
+        outer, self.client.clock = self.client.clock, StageClock()  # this batch's stages alone
+        try:
+            w0, c0 = time.perf_counter(), time.process_time()
+            traces, n_series, n_samples = fetch_batch(self.client, self.plan, self.plan.batches[i])
+            w1, c1 = time.perf_counter(), time.process_time()
+            with self.client.clock.stage("classify"):
+                verdicts = judge_all(traces, self.model, self.prices, self.held_mem_bytes)
+            w2, c2 = time.perf_counter(), time.process_time()
+            stages = self.client.clock
+        finally:
+            self.client.clock = outer
+        return _BatchResult(
+            verdicts, n_series, n_samples, w1 - w0, w2 - w1, c1 - c0, c2 - c1, stages, peak_rss_bytes()
+        )
 
 
 _WORKER_JOB: _Job | None = None  # set once in each worker process
@@ -189,6 +219,7 @@ def scan(
             parts=workers * BATCHES_PER_WORKER if workers > 1 else 1,
         )
         plan_s, plan_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        stages = client.clock  # the listing calls'; each batch brings its own
         workers = min(workers, len(plan.batches))
         results: list[_BatchResult] | Iterator[_BatchResult]
         if workers > 1:
@@ -199,6 +230,7 @@ def scan(
     stats.devices = len(plan.devices)
     verdicts: list[DeviceVerdict] = []
     query_s, query_cpu_s, classify_s, classify_cpu_s = plan_s, plan_cpu_s, 0.0, 0.0
+    worker_rss = 0
     for r in results:
         verdicts.extend(r.verdicts)
         stats.queries += 1
@@ -208,6 +240,8 @@ def scan(
         query_cpu_s += r.query_cpu_s
         classify_s += r.classify_s
         classify_cpu_s += r.classify_cpu_s
+        stages.add(r.stages)
+        worker_rss = max(worker_rss, r.peak_rss_bytes)
     wall_s = time.perf_counter() - t0
     stats.seconds = wall_s
     return ScanResult(
@@ -223,4 +257,6 @@ def scan(
         workers=max(workers, 1),
         query_cpu_s=query_cpu_s,
         classify_cpu_s=classify_cpu_s,
+        stages=stages,
+        worker_peak_rss_bytes=worker_rss,
     )
