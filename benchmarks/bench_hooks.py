@@ -35,7 +35,10 @@ split the cost between getting control around the call and the hooks' own work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
+import platform
 import random
 import statistics
 import sys
@@ -440,17 +443,30 @@ def main() -> None:
     if args.floors:
         torch.manual_seed(0)
         torch.set_num_threads(1)
+        print(f"{_cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
         floors(args.floors, random.Random(0))
         return
     other_cls = _load_recorder(args.compare_with) if args.compare_with else None
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    print(f"{_cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print(f"torch {torch.__version__}, 1 thread, {args.reps} interleaved repetitions, "
           f"{args.block} training steps / {args.block * 10} inference calls per block")
     measure("training step", training_call(), args.reps, args.block, Recorder(None),
             other_cls(None) if other_cls else None, args.fine_reps)
     measure("inference call", inference_workload()[1], args.reps, args.block * 10, Recorder(None),
             other_cls(None) if other_cls else None, args.fine_reps)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end (figures from another CPU or load differ: "
+          "compare ratios measured in one run)")
+
+
+def _cpu_model() -> str:
+    """The CPU model as /proc/cpuinfo names it (what `lscpu | grep 'Model name'` prints)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

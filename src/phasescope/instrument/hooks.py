@@ -432,7 +432,8 @@ class Recorder:
     def _begin(self, st: _ThreadState, module: torch.nn.Module, rid: int, gmode: bool,
                caller: Any = None) -> None:
         """Begin a root call: its start time now, its one row when it ends. `st.root` is set last: a
-        KeyboardInterrupt landing in here leaves no half-begun call behind."""
+        KeyboardInterrupt landing in here leaves no half-begun call behind. `_Slot.__call__` inlines the
+        common case (a slotted root, nothing to sample): a change here goes there too."""
         st.same = 0
         st.gmode = gmode
         st.rid = rid
@@ -924,7 +925,8 @@ class _Slot:
             if module is None:
                 raise RuntimeError("phasescope: a root's slot was called after its module was freed, "
                                    "not by a module's __call__")
-        if is_compiling() or _tracing_state() is not None or _fx_tracing() or not rec._armed:
+        if (is_compiling() or _tracing_state() is not None or getattr(fx_trace, "_is_fx_tracing_flag", False)
+                or not rec._armed):
             # torch.compile / export / jit.trace / fx tracing, or a copy's slot left after uninstall()
             return self._run(module, args, kwargs)
         root = st.root
@@ -936,13 +938,38 @@ class _Slot:
             rec._drop_dead_call(st)
         if _autograd_node() is not None:
             return self._run(module, args, kwargs)
+        rid = self.rid
+        if self.users is not None or (rec._unsampled and rid in rec._unsampled and is_grad_enabled()):
+            # rare: a user's compiled call, or the grad forward whose activations are to be measured
+            try:
+                rec._begin(st, module, rid, False)
+                out = self._run(module, args, kwargs)
+            except BaseException:
+                if st.root is module:
+                    rec._end(st, module, args, kwargs, None, True)
+                else:  # interrupted inside _begin: its finder may be out of torch's dict
+                    rec._arm()
+                raise
+            rec._end(st, module, args, kwargs, out, False)
+            return out
+        # The hot path: `_begin` inlined for a slotted root with nothing to sample, saving the `_begin` and
+        # `_run` frames on every call (docs/design/hooks.md, "Per-call cost").
         try:
-            rec._begin(st, module, self.rid, False)
-            out = self._run(module, args, kwargs)
+            st.same = 0
+            st.gmode = False
+            st.rid = rid
+            st.idx = next(rec._fwd_ids)
+            gdict = rec._gdict
+            if (gdict is not None and rec._hooked[rid] and not rec._multi
+                    and len(_LIMBO) + len(_ACTIVE) <= rec._threads0):
+                gdict.pop(rec._gid, None)  # all module calls inside this one take torch's fast path
+            st.t0 = monotonic()
+            st.root = module  # set last, as in _begin
+            out = self.call_impl(module, *args, **kwargs)
         except BaseException:
             if st.root is module:
                 rec._end(st, module, args, kwargs, None, True)
-            else:  # interrupted inside _begin: its finder may be out of torch's dict
+            else:  # interrupted before the call began: the finder may be out of torch's dict
                 rec._arm()
             raise
         rec._end(st, module, args, kwargs, out, False)
