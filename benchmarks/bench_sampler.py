@@ -6,12 +6,17 @@ clocks-event reasons, NVLink and GPM (fed, for cost only, with recorded series s
 fields the RTX 3090 / A100 recordings lack), and two processes per GPU with per-process utilisation.
 The figure includes the fake's own Python work, which stands in for the driver's. Goal: <= 1 ms per tick.
 
-    .venv/bin/python benchmarks/bench_sampler.py [--ticks N]
+The sample buffers (nvmlDeviceGetSamples: three calls per GPU and tick) are timed apart: the same 8 GPUs with
+and without them, the fake's buffer holding 1 or 10 new samples per kind at each tick (10: a 1 Hz poll of a
+driver that samples at 10 Hz); `--samples-only` runs just that.
+
+    .venv/bin/python benchmarks/bench_sampler.py [--ticks N] [--samples-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import subprocess
@@ -60,6 +65,26 @@ def cpu_ms_per_tick(read_tick: Callable[[], object], advance: Callable[[], None]
     return (time.process_time() - start) / ticks * 1e3
 
 
+def sample_buffer_cost(ticks: int) -> None:
+    """CPU per tick of NvmlSource on 8 fake GPUs without and with the sample buffers, and the ratio."""
+    for per_tick in (1, 10):
+        ms = {}
+        for samples in (False, True):
+            fake = FakeNvml(eight_gpus(), mem_total_bytes=24576 * MIB, power_limit_w=350.0,
+                            energy_from_power=True, throttle_reasons=0, max_clocks_mhz=(2100, 9751))
+            with fake.installed():
+                src = NvmlSource(processes=False, samples=samples)
+                ms[samples] = cpu_ms_per_tick(src.read, functools.partial(fake.advance, per_tick), ticks)
+                calls = sum(fake.calls.values()) / (ticks + 20)
+                src.close()
+            print(f"nvml, 8 GPUs, no processes, sample buffers {'on ' if samples else 'off'} "
+                  f"({per_tick} new sample(s) per kind per tick): {ms[samples]:.3f} ms CPU per tick "
+                  f"({calls:.0f} NVML calls per tick)")
+        extra = (ms[True] - ms[False]) / 8
+        print(f"  sample buffers add {extra * 1e3:.0f} us CPU per tick per GPU; "
+              f"{ms[True] / ms[False]:.2f}x the tick without them")
+
+
 def spawn_sleepers(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(n)]
 
@@ -67,9 +92,13 @@ def spawn_sleepers(n: int) -> list[subprocess.Popen[bytes]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=2000)
+    ap.add_argument("--samples-only", action="store_true", help="only the sample buffers' cost")
     args = ap.parse_args()
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
           f"{args.ticks} ticks each")
+    sample_buffer_cost(args.ticks)
+    if args.samples_only:
+        return
 
     sleepers = spawn_sleepers(8)  # real processes, one per fake GPU, for psutil to sample
     try:

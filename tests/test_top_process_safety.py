@@ -241,8 +241,8 @@ def test_a_narrow_terminal_drops_command_lines_before_columns() -> None:
         Console(file=out, width=200, color_system=None).print(render_table(state, width=200))
         tables[bool(cmd)] = out.getvalue().splitlines()
     bare, with_cmd = tables[False], tables[True]
-    assert bare[0].strip() == "phasescope · 3 column(s) hidden: widen the terminal to see them"
-    assert with_cmd[0].strip() == ("phasescope · 3 column(s) and command lines hidden: widen the terminal to "
+    assert bare[0].strip() == "phasescope · 4 column(s) hidden: widen the terminal to see them"
+    assert with_cmd[0].strip() == ("phasescope · 4 column(s) and command lines hidden: widen the terminal to "
                                    "see them")
     assert len(with_cmd) == len(bare) and "train.py" not in "\n".join(with_cmd)
     wide = io.StringIO()

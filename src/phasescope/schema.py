@@ -342,6 +342,12 @@ class TickBatch:
     # Per physical GPU uuid, its health counters as last read (NVML only; read every few seconds, not per
     # tick, and kept out of `values` so recordings, the store and features do not change). Absent: unknown.
     health: dict[str, GpuHealth] = field(default_factory=dict)
+    # NVML's own sub-second samples since the last tick (nvmlDeviceGetSamples), each at its own time: physical
+    # GPU uuid -> signal ("gpu_util", "power", "mem_util") -> (times, Unix s; values, base units), in time
+    # order, none repeated across ticks. Empty for every other source. Kept out of `values` (one row per
+    # device and tick) so recordings, the store and the classifier's 1 Hz features do not change; the live
+    # telemetry KPIs read them (live/fine.py).
+    fine: dict[str, dict[str, tuple[FloatArray, FloatArray]]] = field(default_factory=dict)
 
     @staticmethod
     def empty(time: float, devices: list[DeviceInfo]) -> TickBatch:

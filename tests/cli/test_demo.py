@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from phasescope.cli import main
+from phasescope.views.table import COLUMN_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 STARTED = re.compile(r"demo: started training pid (\d+), inference pid (\d+)")
@@ -100,7 +101,7 @@ def test_demo_runs_two_real_workloads_and_leaves_none(tmp_path: Path) -> None:
     host_rows = [ln for ln in out.splitlines() if ln.startswith("│ ") and "└" not in ln]
     assert host_rows, out[-3000:]
     for ln in host_rows:
-        phase, energy = _cell(ln, 1), _cell(ln, 6)
+        phase, energy = _cell(ln, 1), _cell(ln, COLUMN_KEYS.index("energy"))
         assert phase == "–" or "(hooks" in phase, ln
         assert "%" not in phase, ln  # no classifier confidence
         assert energy.startswith("– kWh · $"), ln  # no power sensor: device time at the demo price

@@ -668,14 +668,16 @@ class FakeNvml:
         out: list[Any] = []
         now = self.tick
         try:
-            for k in range(max(0, now - self.sample_buffer + 1), now + 1):
+            # Newest first, stopping at the first one already seen (stamps grow with the tick), so a poll
+            # costs the fake the new samples, not the whole buffer, as the driver's copy does.
+            for k in range(now, max(0, now - self.sample_buffer + 1) - 1, -1):
                 self.tick = k
                 if self.sample_clock is not None:
                     t_us = round((self.sample_clock[0] + k * self.sample_clock[1]) * 1e6)
                 else:
                     t_us = round(self.time_s(gpu) * 1e6)
                 if t_us <= last_seen_us:
-                    continue
+                    break
                 try:
                     v = self.value(gpu, signal)
                 except pynvml.NVMLError:
@@ -684,6 +686,7 @@ class FakeNvml:
                                                  sampleValue=pynvml.c_nvmlValue_t(uiVal=round(v * scale))))
         finally:
             self.tick = now
+        out.reverse()
         if not out:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out

@@ -180,3 +180,14 @@ def test_trace_kpis_keeps_one_sample_per_time_and_needs_enough() -> None:
     assert k["step_period_s"]["value"] == pytest.approx(2.0, rel=0.01)
     short = rhythm.trace_kpis(trace, "inference", [(0.0, 0.3)])
     assert "too few samples" in short["reason"] and "busy_fraction" not in short
+
+
+def test_a_multiple_past_the_last_lag_is_not_checked_rather_than_crashing(shared_data: Path) -> None:
+    """A real trace whose candidate period puts a multiple beyond the autocorrelation's last lag (the idle
+    GPU of a ResNet run, read as training over the whole recording) once raised from np.argmax of an empty
+    slice: the live pipeline calls this on whatever its rings hold, so it must answer."""
+    path = shared_data / "sensorguard-rtx3090/20260824_train_resnet_cifar10_verifier-gpu0_s0_r01/nvml.csv"
+    for trace in read(path):
+        kpis = rhythm.trace_kpis(trace, "training")
+        period = kpis["step_period_s"]["value"]
+        assert period is None or period >= kpis["shortest_visible_period_s"]["value"]

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phasescope.classify.model import PhaseModel, WindowPredictions
+from phasescope.classify.model import PhaseModel
+from phasescope.features import WindowFeatures
 from phasescope.instrument.events import load_events
 from phasescope.live.annotate import Annotator, HookKpiReader, ScrapeKpiReader
 from phasescope.live.loop import feed
 from phasescope.live.state import LiveState
-from phasescope.schema import PHASES, Trace
+from phasescope.schema import PHASES
 from phasescope.sources.replay_live import ReplaySource
 from phasescope.views import table
 from tests.hook_events import shared_hook_events
@@ -169,50 +170,64 @@ def test_annotator_copies_the_classifier_reading(shared_data: Path) -> None:
         assert view.confidence == r.confidence or (np.isnan(view.confidence) and np.isnan(r.confidence))
 
 
+T0 = 1000.0  # the scripted device's first sample
+
+
 class _Sure:
-    """A stand-in phase model: its newest window says what the script says, at the script's probability
-    ("unknown": no window judged, as with too few signals)."""
+    """A stand-in phase model: its k-th window (cut k strides after the device's first sample, as the real
+    windows are) says script[k] at the script's probability ("unknown": not judged, as with too few
+    signals). The live classifier cuts, keeps and decodes the windows; only the model's answer is scripted."""
 
     def __init__(self, script: list[tuple[str, float]]) -> None:
-        self.script = script
-        base = PhaseModel.load()  # the window config and rules the classifier reads its span from
-        self.rules, self.config = base.rules, base.config
+        base = PhaseModel.load()  # the window config and rules the classifier cuts its windows by
+        self.rules, self.config, self.version, self.script = base.rules, base.config, "scripted", script
 
-    def predict_trace(self, trace: Trace, evidence: bool = True) -> WindowPredictions:
-        label, p = self.script.pop(0)
-        proba = np.full((1, len(PHASES)), np.nan)
-        if label != "unknown":
-            proba[0] = (1.0 - p) / (len(PHASES) - 1)
-            proba[0, PHASES.index(label)] = p
-        return WindowPredictions(trace.time[:1], trace.time[-1:], proba, [label], [], "scripted", [{}])
+    def for_interval(self, interval_s: float) -> _Sure:
+        return self
+
+    def predict_features(self, wf: WindowFeatures, present: set[str], evidence: bool = False) -> tuple:
+        n = len(wf.start)
+        proba = np.full((n, len(PHASES)), np.nan)
+        labels = []
+        for i, start in enumerate(wf.start.tolist()):
+            label, p = self.script[min(round((start - T0) / self.config.stride_s), len(self.script) - 1)]
+            if label != "unknown":
+                proba[i] = (1.0 - p) / (len(PHASES) - 1)
+                proba[i, PHASES.index(label)] = p
+            labels.append(label)
+        return proba, labels, [{}] * n, "scripted", [""] * n
 
 
 def test_a_held_phase_keeps_its_last_confidence_and_says_held() -> None:
-    """A run that judges nothing keeps the phase (no flicker to unknown) with the confidence of the last
-    judged window, marked as held on the badge and in the API; the next judged run clears the mark."""
+    """A window the model does not judge keeps the phase (no flicker to unknown: the decoder bridges it)
+    with the confidence of the last judged window, marked as held on the badge and in the API; the next
+    judged window clears the mark."""
     from phasescope.live.classify import LiveClassifier
     from phasescope.schema import SIGNAL_NAMES, DeviceInfo, TickBatch
     from phasescope.views.table import HELD_MARK
 
     script = [("training", 0.87), ("unknown", 0.0), ("unknown", 0.0), ("training", 0.6)]
-    clf = LiveClassifier(_Sure(list(script)), every_s=1.0)  # type: ignore[arg-type]
+    model = _Sure(list(script))
+    clf = LiveClassifier(model, every_s=1.0)  # type: ignore[arg-type]
     annotate = Annotator(clf)
     dev = DeviceInfo("GPU-x", "NVIDIA GeForce RTX 3090", 0)
     state = LiveState("scripted")
     row = np.full((1, len(SIGNAL_NAMES)), np.nan)
     row[0, 0] = 0.9
-    state.ingest(TickBatch(999.0, [dev], row))  # the model is asked from the second sample on
+    # Window k is judged at the tick it completes: 30 points at 1 s from T0 + 15 k.
+    ends = [T0 + k * model.config.stride_s + model.config.window_s - 1.0 for k in range(len(script))]
     cells, api = [], []
-    for k in range(len(script)):
-        state.ingest(TickBatch(1000.0 + k, [dev], row))
+    for k in range(int(ends[-1] - T0) + 1):
+        state.ingest(TickBatch(T0 + k, [dev], row))
         annotate(state)
-        cells.append(next(r for r in table.rows(state) if r.key == dev.uuid).cells["phase"])
-        api.append(clf.reading(dev.uuid).to_dict())  # type: ignore[union-attr]
+        if T0 + k in ends:
+            cells.append(next(r for r in table.rows(state) if r.key == dev.uuid).cells["phase"])
+            api.append(clf.reading(dev.uuid).to_dict())  # type: ignore[union-attr]
     held = f"training 87%{HELD_MARK}"
     assert cells == ["training 87%", held, held, "training 60%"]
     assert [a["held"] for a in api] == [False, True, True, False]
     assert api[1]["confidence"] == pytest.approx(0.87) and api[1]["proba"] == api[0]["proba"]
-    assert api[2]["since"] == api[0]["since"] == 1000.0
+    assert api[2]["since"] == api[0]["since"] <= ends[0]
 
 
 def test_a_dark_device_goes_unknown_without_a_held_mark(shared_data: Path) -> None:

@@ -60,3 +60,18 @@ def test_every_signal_has_a_valid_name_counters_end_in_total() -> None:
         assert NAME.match(m.name) and m.name.startswith("phasescope_"), m.name
         assert m.name.endswith("_total") == (m.kind == "counter"), m.name
         assert m.help
+
+
+def test_telemetry_kpi_gauges_are_named_in_base_units_and_unique() -> None:
+    kpi = {k: m.name for k, m in mn.TELEMETRY_KPI_METRICS.items()}
+    assert kpi["step_period_s"] == "phasescope_gpu_step_period_seconds"
+    assert kpi["stall_fraction"] == "phasescope_gpu_stall_ratio"
+    assert kpi["busy_fraction"] == "phasescope_gpu_busy_ratio"
+    assert kpi["burst_rate_per_s"] == "phasescope_gpu_burst_rate_per_second"
+    assert mn.STEP_PERIOD_CONFIDENCE.name == "phasescope_gpu_step_period_confidence"
+    every = [*mn.SIGNAL_METRICS.values(), *mn.HEALTH_METRICS, *mn.HOST_METRICS.values(),
+             *mn.TELEMETRY_KPI_METRICS.values(), mn.STEP_PERIOD_CONFIDENCE, mn.PHASE_CONFIDENCE]
+    names = [m.name for m in every]
+    assert len(set(names)) == len(names)
+    for m in (*mn.TELEMETRY_KPI_METRICS.values(), mn.STEP_PERIOD_CONFIDENCE):
+        assert NAME.match(m.name) and m.kind == "gauge" and m.help

@@ -58,7 +58,7 @@ def test_training_run_segments_evidence_energy_cost(shared_data: Path, model: Ph
 def test_evidence_is_the_mean_contribution_over_the_segment(shared_data: Path, model: PhaseModel) -> None:
     """Recompute one segment's evidence by hand from the window contributions."""
     trace = read(shared_data / TRAINING_RUN)[0]
-    pred = model.predict_trace(trace)
+    pred = model.predict_trace(trace, evidence=True)
     seg = max(decide.segments(pred), key=lambda s: s.duration)
     centre = (pred.start + pred.end) / 2
     within = np.flatnonzero((centre >= seg.start) & (centre <= seg.end))

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,7 @@ from phasescope.sources.process_kind import (
     mapped_packages,
     recognise,
 )
+from tests.engine_helpers import running_as_vllm
 
 PY = "/usr/bin/python3"
 # Command lines as the engines' docs and images start them (model names shortened).
@@ -88,47 +86,10 @@ def test_a_native_library_of_a_package_names_the_engine() -> None:
     assert found is not None and (found[0].name, found[1]) == ("vLLM", "library")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"nothing listened on {port}")
-
-
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """A real server under vLLM's module path: `python -m vllm.entrypoints.openai.api_server --port P` runs
-    http.server (the real vLLM needs a GPU); the command line and the listening socket are real."""
-    pkg = tmp_path / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True)
-    for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "api_server.py").write_text(textwrap.dedent("""
-        import http.server, sys
-        port = int(sys.argv[sys.argv.index("--port") + 1])
-        http.server.HTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler).serve_forever()
-    """))
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
-                             "--port", str(port)], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
-    try:
-        _wait_listening(port, proc)
-        yield proc, port
-    finally:
-        proc.kill()
-        proc.wait()
+    with running_as_vllm(tmp_path) as running:
+        yield running
 
 
 def test_a_running_server_is_recognised_with_its_port(fake_vllm: tuple[subprocess.Popen[bytes], int]) -> None:

@@ -94,7 +94,8 @@ def test_a_training_process_gets_charts_over_time(doc: dict[str, Any]) -> None:
     assert page.count("<script type='text/javascript'>") == 1  # plotly's JS, inline, once
     div = f'id="series-{train["pid"]}"'
     assert div in page
-    figure = re.search(r'Plotly\.newPlot\(\s*"series-%d",\s*(\[.*?\]),\s*\{' % train["pid"], page, re.S)
+    new_plot = r'Plotly\.newPlot\(\s*"series-' + str(train["pid"]) + r'",\s*(\[.*?\]),\s*\{'
+    figure = re.search(new_plot, page, re.S)
     assert figure is not None
     traces = json.loads(figure.group(1))
     assert [t["name"] for t in traces] == ["step time (s)", "samples/s", "loss"]

@@ -55,6 +55,8 @@ def pricing_note(
 @click.option("--alarm/--no-alarm", default=True, show_default=True,
               help="Run the 'training started' alarm per GPU (the dashboard badge and the "
                    "phasescope_gpu_training_alarm metric); --no-alarm turns it off and saves its CPU.")
+@click.option("--auto-scrape/--no-auto-scrape", default=True, show_default=True,
+              help="Scrape the /metrics of a vLLM, TGI or Triton server found on a GPU, unasked.")
 def command(
     host: str | None,
     port: int | None,
@@ -70,6 +72,7 @@ def command(
     history_s: float,
     store_path: str | None,
     alarm: bool,
+    auto_scrape: bool,
 ) -> None:
     """Serve the live dashboard, a JSON API and Prometheus /metrics for every device.
 
@@ -125,7 +128,7 @@ def command(
     agent = Agent(source, interval, classifier=classifier, prices=cfg.prices,
                   history_ticks=history_ticks, idle_util=cfg.thresholds.idle_util,
                   gap_factor=cfg.thresholds.energy_gap_factor, hooks=hooks,
-                  store=store)
+                  store=store, auto_scrape=auto_scrape)
     if agent.store is not None:
         def say(line: str) -> None:
             click.echo(f"phasescope: {line}", err=True)

@@ -30,9 +30,10 @@ from phasescope.views.table import SORT_KEYS
 if TYPE_CHECKING:
     from phasescope.config import Config
     from phasescope.live.annotate import ScrapeKpiReader
+    from phasescope.live.evidence import EvidenceTracker
 
 ONCE_TICKS = 2  # per-process CPU % needs two readings
-PLAIN_WIDTH = 340  # columns when stdout is a file or pipe: one line per row, nothing cut
+PLAIN_WIDTH = 400  # columns when stdout is a file or pipe: one line per row, nothing cut
 
 
 def plain_console_width() -> int:
@@ -66,18 +67,20 @@ def run_live(
     min_confidence: float | None = None,
     min_segment_s: float | None = None,
     gap_factor: float = DEFAULT_GAP_FACTOR,
+    auto_scrape: bool = True,
 ) -> LiveState:
     """Watch `source` in one of three modes: "tui" (full screen), "plain" (a table per tick), "once".
 
     With `classify`, each device gets its phase from the live classifier (and, with `alarm`, its
     "training started" alarm); with `events_dir` (default:
     $PHASESCOPE_EVENTS_DIR), hook KPIs; with `scrapes` (URL[@INDEX]), a serving engine's KPIs. `prices`
-    (default: the config file's) turn metered energy into cost. `annotate` replaces the classifier and
-    the KPI readers (tests). With `store` (a live store's path), the watched devices' last `history_s`
-    seconds in it are loaded before the first sample, and with `store_write` every new tick is written to
-    it (see `open_history`). `min_confidence` / `min_segment_s` (the config's [thresholds], None: unset) go
-    to the classifier; `gap_factor` (the config's energy_gap_factor) to the energy meter. The source is closed
-    when sampling ends. Returns the state.
+    (default: the config file's) turn metered energy into cost. Each local GPU process's own claim (a serving
+    engine, a trainer) is shown beside the phase, and with `auto_scrape` a recognised engine's /metrics is
+    scraped unasked. `annotate` replaces the classifier and the KPI readers (tests). With `store` (a live
+    store's path), the watched devices' last `history_s` seconds in it are loaded before the first sample, and
+    with `store_write` every new tick is written to it (see `open_history`). `min_confidence` /
+    `min_segment_s` (the config's [thresholds], None: unset) go to the classifier; `gap_factor` (the config's
+    energy_gap_factor) to the energy meter. The source is closed when sampling ends. Returns the state.
     """
     if prices is None:  # not given: the config file's, per device model (none set -> energy without cost)
         from phasescope import config as configmod
@@ -106,9 +109,11 @@ def run_live(
             click.echo(f"phasescope: {line}", err=True)
     scrapers = [scrape_reader(spec) for spec in scrapes]
     if annotate is None:
+        from phasescope.live.evidence import EvidenceTracker
+
         annotate = make_annotator(state, classify, events_dir or os.environ.get(EVENTS_DIR_ENV) or None,
                                   scrapers, consume_events, alarm=alarm, min_confidence=min_confidence,
-                                  min_segment_s=min_segment_s)
+                                  min_segment_s=min_segment_s, evidence=EvidenceTracker(auto_scrape))
     before = None
     classifier = getattr(annotate, "classifier", None)  # an Annotator's; a test's own annotate has none
     if history is not None and history.traces and classifier is not None:
@@ -125,6 +130,9 @@ def run_live(
     finally:
         for scraper in scrapers:
             scraper.stop()
+        evidence = getattr(annotate, "evidence", None)
+        if evidence is not None:
+            evidence.stop()  # the engines it scraped unasked
         if history is not None:
             history.close()
 
@@ -184,7 +192,8 @@ def _watch(loop: TickLoop, mode: str, duration: float | None, sort: str, filter_
         while worker.is_alive():
             worker.join(timeout=min(0.1, interval_s / 4))
             if mode == "once":
-                if state.ticks >= ONCE_TICKS:
+                # With --duration: the table at its end (a phase and its KPIs need a window of samples).
+                if duration is None and state.ticks >= ONCE_TICKS:
                     break
             elif state.ticks and state.version != drawn:
                 drawn = state.version
@@ -232,9 +241,10 @@ def make_annotator(
     alarm: bool = True,
     min_confidence: float | None = None,
     min_segment_s: float | None = None,
+    evidence: EvidenceTracker | None = None,
 ) -> Callable[[LiveState], None] | None:
-    """The live classifier, hook-KPI and /metrics readers, as far as they can run here (a missing part is a
-    notice)."""
+    """The live classifier, hook-KPI and /metrics readers and the processes' evidence, as far as they can run
+    here (a missing part is a notice)."""
     from phasescope.live.annotate import Annotator, HookKpiReader
 
     classifier = None
@@ -250,9 +260,9 @@ def make_annotator(
         except Exception as exc:  # e.g. lightgbm missing: telemetry still shows, the phase says why not
             state.note(f"no phase: classifier not available ({type(exc).__name__}: {exc})")
     hooks = HookKpiReader(events_dir, consume=consume_events) if events_dir else None
-    if classifier is None and hooks is None and not scrapes:
+    if classifier is None and hooks is None and not scrapes and evidence is None:
         return None
-    return Annotator(classifier, hooks, scrapes)
+    return Annotator(classifier, hooks, scrapes, evidence)
 
 
 @click.command("top")
@@ -260,7 +270,8 @@ def make_annotator(
               help="auto | nvml | host | replay:PATH[?speed=N&loop=1]")
 @interval_option("Seconds between samples (0.1 = 10 Hz).")
 @duration_option("Stop after this long, e.g. 90s or 1h (default: until q / Ctrl-C).")
-@click.option("--once", is_flag=True, help="Print one table (after two samples) and exit.")
+@click.option("--once", is_flag=True,
+              help="Print one table (after two samples, or at the end of --duration) and exit.")
 @click.option("--plain", is_flag=True,
               help="No full screen: print a table each sample (the default when stdout is not a terminal).")
 @click.option("--sort", type=click.Choice(SORT_KEYS), default="order", show_default=True)
@@ -286,6 +297,8 @@ def make_annotator(
 @click.option("--scrape", "scrapes", multiple=True, metavar="URL[@INDEX]",
               help="A vLLM / TGI / Triton /metrics URL: requests/s and p50/p99 latency for the GPU at INDEX "
                    "(or uuid; the only device when omitted). Repeatable.")
+@click.option("--auto-scrape/--no-auto-scrape", default=True, show_default=True,
+              help="Scrape the /metrics of a vLLM, TGI or Triton server found on a GPU, unasked.")
 @_price_options
 def command(
     source_spec: str,
@@ -302,6 +315,7 @@ def command(
     history_text: str,
     read_only_store: bool,
     scrapes: tuple[str, ...],
+    auto_scrape: bool,
     price_gpu_hour: float | None,
     price_kwh: float | None,
     config_path: str | None,
@@ -342,7 +356,8 @@ def command(
              prices=device_prices(cfg, price_gpu_hour, price_kwh),
              idle_util=cfg.thresholds.idle_util, scrapes=scrapes, store=store_path, history_s=history_s,
              store_write=store_write, min_confidence=cfg.thresholds.min_confidence,
-             min_segment_s=cfg.thresholds.min_segment_s, gap_factor=cfg.thresholds.energy_gap_factor)
+             min_segment_s=cfg.thresholds.min_segment_s, gap_factor=cfg.thresholds.energy_gap_factor,
+             auto_scrape=auto_scrape)
 
 
 def open_watched(spec: str, say: Callable[[str], None], host_row: bool) -> LiveSource:

@@ -23,6 +23,7 @@ from phasescope.classify import decide, verdict
 from phasescope.classify.model import PhaseModel
 from phasescope.kpi.cost import Cost, Prices, cost_of, mig_prices
 from phasescope.kpi.energy import device_energy
+from phasescope.kpi.rhythm import trace_kpis
 from phasescope.schema import HELD_MEM_BYTES, PHASES, Trace, Verdict
 
 HELD_IDLE = "held_idle"
@@ -61,6 +62,9 @@ class DeviceVerdict:
     stale: bool = False  # the exporter served the same readings for minutes: not classified
     # signal -> values outside its physical range (schema.RANGES), read as missing (fleet/collect.py)
     impossible_values: dict[str, int] = field(default_factory=dict)
+    # Telemetry-only KPIs of the range's phase over its segments of that phase (`trace_kpis`, as
+    # `classify --json`'s `kpis`); {} for a stale exporter
+    kpis: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +91,7 @@ class DeviceVerdict:
             "reason": self.reason,
             "stale": self.stale,
             "impossible_values": dict(self.impossible_values),
+            "kpis": {k: _num(v) if isinstance(v, float) else v for k, v in self.kpis.items()},
             "segments": [_segment_dict(s, h) for s, h in
                          zip(self.segments, self.segment_held or [None] * len(self.segments), strict=True)],
         }
@@ -209,6 +214,7 @@ def judge(
         sample_interval_s=float(trace.meta.get("sample_interval_s", math.nan)),
         reason=next(iter(v.unknown_reasons), "") if label == decide.UNKNOWN else "",
         impossible_values=dict(trace.meta.get("impossible_values", {})),
+        kpis=trace_kpis(trace, v.label, [(s.start, s.end) for s in segs if s.label == v.label]),
     )
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from phasescope.fleet.judge import HELD_IDLE, DeviceVerdict
 from phasescope.schema import PHASES
+from phasescope.views.kpis import kpi_text
 
 COLUMNS: tuple[str, ...] = ("training", "inference", "other", "idle", HELD_IDLE, "unknown")
 _HEAD = {
@@ -117,7 +118,8 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
     )
     if show_devices:
         dev = Table(title="devices", title_justify="left")
-        for c in ("host", "gpu", "uuid", "model", "pod", "phase", "now", "conf", "every", "why unknown"):
+        for c in ("host", "gpu", "uuid", "model", "pod", "phase", "now", "conf", "KPIs (telemetry)", "every",
+                  "why unknown"):
             dev.add_column(c)
         for v in sorted(verdicts, key=lambda v: (v.host, v.gpu if v.gpu is not None else -1, v.uuid)):
             dev.add_row(
@@ -129,6 +131,7 @@ def render(verdicts: Sequence[DeviceVerdict], console: Console, show_devices: bo
                 phase_text(v.label, v.held),
                 phase_text(v.current, v.held_idle),
                 "" if not math.isfinite(v.confidence) else f"{v.confidence:.2f}",
+                kpi_text(v.kpis),
                 "" if not math.isfinite(v.sample_interval_s) else f"{v.sample_interval_s:g}s",
                 v.reason,
             )

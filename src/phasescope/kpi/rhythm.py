@@ -192,6 +192,8 @@ def _divides(acf: F64, k: int, k_top: int, floor: float) -> bool:
     for j in range(1, n + 1):
         lo = max(0, round(j * lag - max(1.0, lag / 4)))
         hi = min(acf.size - 1, round(j * lag + max(1.0, lag / 4)))
+        if lo > hi:  # the period so far puts this multiple past the last lag: it cannot be checked
+            return False
         k_j = lo + int(np.argmax(acf[lo:hi + 1]))
         if acf[k_j] < floor:
             return False
@@ -391,11 +393,13 @@ def activity_figures(columns: Mapping[str, Any]) -> dict[str, Figure]:
     return out
 
 
-def trace_kpis(trace: Trace, phase: str,
-               spans: Sequence[tuple[float, float]] | None = None) -> dict[str, Any]:
+def trace_kpis(trace: Trace, phase: str, spans: Sequence[tuple[float, float]] | None = None,
+               fine: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
     """The telemetry-only KPIs of one device trace as JSON-ready dicts: the `phase`'s figures (training or
     inference) and activity for every phase, over the samples inside `spans` ((start, end) times; None:
-    all)."""
+    all). `fine`: (time, gpu_util, power) of NVML's own sub-second samples over the same span
+    (live/fine.py), which the phase's figures then read instead of the trace's rows; activity stays on the
+    rows (GPM has no sample buffer)."""
     t = trace.time
     sel = np.ones(t.size, dtype=bool)
     if spans is not None:
@@ -413,6 +417,9 @@ def trace_kpis(trace: Trace, phase: str,
         out["reason"] = f"too few samples in the {phase} span ({order.size})"
         return out
     tt, u, p = t[order], trace["gpu_util"][order], trace["power"][order]
+    if fine is not None:
+        tt, u, p = fine
+        out["fine_samples"] = int(np.size(tt))
     figures: dict[str, Figure] = {}
     if phase == "training":
         figures.update(training_figures(tt, u, p))

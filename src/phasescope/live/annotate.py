@@ -5,6 +5,12 @@ the phase, from in-process hooks or from a serving engine's /metrics.
 tick, in the sampler thread. `HookKpiReader` follows a hook events directory (what `phasescope run` and
 `PHASESCOPE_EVENTS_DIR` write) incrementally: each immutable .npz chunk is read once, and only the last
 `window_s` seconds of events are kept and summarised, so a long run costs constant memory and time.
+
+Telemetry-only KPIs (kpi/rhythm.py: step period and stall share, busy fraction and bursts, activity) need no
+hooks: the `Annotator` computes them per device from its ring buffers (`ring_kpis`) for the phase the
+classifier reads, only when the classifier has run again for that device (once per its stride, not every
+tick), over its last `KPI_WINDOW_S` seconds in that phase (the classifier's window that first called the
+phase counts as in it).
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import numpy.typing as npt
 
 from phasescope.errors import InputError
 from phasescope.instrument import events as ev
+from phasescope.kpi.rhythm import trace_kpis
+from phasescope.live.evidence import EvidenceTracker
 from phasescope.live.state import LiveState
+from phasescope.schema import SIGNAL_NAMES, Trace
 
 # KPIs summed over the processes of one device; the rest come from its busiest process.
 _SUMMED = ("samples_per_s", "requests_per_s")
@@ -32,14 +41,30 @@ TRAINING_KEYS = ("step_time_p50_s", "samples_per_s", "mfu")
 # A process whose last hooked work (step or forward) ended longer ago than this is idle, by its hooks.
 HOOK_PHASE_RECENT_S = 10.0
 INFERENCE_KEYS = ("requests_per_s", "latency_p50_s", "latency_p99_s")
+# The span the live telemetry KPIs cover: the current rhythm, not the run's average (a warm-up or an earlier
+# phase would blur it), and long enough to hold MIN_PERIODS (3) repeats of a step of up to 100 s.
+KPI_WINDOW_S = 300.0
 
 
 class Classifier(Protocol):
     """`live_classify.LiveClassifier`, as far as the views need it."""
 
+    window_s: float  # the data each run judges
+
     def update(self, state: LiveState, now: float | None = None) -> None: ...
 
     def reading(self, uuid: str) -> Any: ...
+
+
+def ring_kpis(state: LiveState, uuid: str, phase: str, start: float = -math.inf) -> dict[str, Any]:
+    """The telemetry-only KPIs (`trace_kpis`) of `phase` over one device's ring samples at or after
+    `start` (data clock)."""
+    times, cols = state.history_columns(uuid, SIGNAL_NAMES)
+    keep = times >= start
+    trace = Trace(state.device_info(uuid), times[keep], {s: c[keep] for s, c in cols.items()})
+    # NVML's own sub-second samples, where the source has them, for the rhythm a 1 Hz row cannot show
+    fine = state.fine.span(uuid, start, {s: (trace.time, trace[s]) for s in ("gpu_util", "power")})
+    return trace_kpis(trace, phase, fine=fine)
 
 
 @dataclass
@@ -182,9 +207,11 @@ class ScrapeKpiReader:
         every_s: float = 5.0,
         timeout: float = 2.0,
         fetch: Callable[[str, float], Any] | None = None,
+        label: str = "--scrape",
     ) -> None:
         from phasescope.sources.scrape import fetch as http_fetch
 
+        self.label = label  # what its notes start with: the option that asked for it, or "auto-scrape"
         self.url = url
         self.device = device  # a uuid, a device index, or None for "the only device"
         self.every_s = every_s
@@ -207,14 +234,14 @@ class ScrapeKpiReader:
         except PhasescopeError as exc:
             self.failures += 1
             if self.failures == 1:
-                self.notes.append(f"--scrape: {exc}")
+                self.notes.append(f"{self.label}: {exc}")
             self.kpis = {}  # a server that stopped answering has no current figures: "–", not the last ones
             return
         engines = server_kpis(cur, self._prev)
         self._prev = cur
         if not engines:
             if not self.notes:
-                self.notes.append(f"--scrape: {self.url}: no vLLM, TGI or Triton metrics")
+                self.notes.append(f"{self.label}: {self.url}: no vLLM, TGI or Triton metrics")
             return
         e = engines[0]
         latency = e.get("latency_s") or {}
@@ -259,11 +286,14 @@ class Annotator:
         classifier: Classifier | None = None,
         hooks: HookKpiReader | None = None,
         scrapes: Sequence[ScrapeKpiReader] = (),
+        evidence: EvidenceTracker | None = None,
     ) -> None:
         self.classifier = classifier
         self.hooks = hooks
         self.scrapes = list(scrapes)
+        self.evidence = evidence  # the processes' own claims, and the engines among them scraped
         self._said: set[str] = set()
+        self._kpi_runs: dict[str, tuple[float, str]] = {}  # uuid -> (classifier run, phase) of its KPIs
 
     def __call__(self, state: LiveState) -> None:
         if self.classifier is not None:
@@ -272,12 +302,17 @@ class Annotator:
                 r = self.classifier.reading(uuid)
                 if r is not None:
                     state.set_phase(uuid, r.phase, r.confidence, r.since, r.held, r.training_alarm)
-        if self.hooks is None and not self.scrapes:
+                    self._telemetry_kpis(state, uuid, r, self.classifier.window_s)
+        auto: list[ScrapeKpiReader] = []
+        if self.evidence is not None:
+            auto = self.evidence.update(state, time.monotonic())
+            state.set_evidence(self.evidence.devices)
+        if self.hooks is None and not self.scrapes and not auto:
             return
         if self.hooks is not None:
             self.hooks.update()
         device = {u: dict(k) for u, k in self.hooks.device.items()} if self.hooks is not None else {}
-        for scrape in self.scrapes:
+        for scrape in [*self.scrapes, *auto]:
             for line in scrape.notes:
                 if line not in self._said:
                     self._said.add(line)
@@ -301,3 +336,22 @@ class Annotator:
         state.set_kpis(device, self.hooks.process if self.hooks is not None else {})
         if self.hooks is not None:
             state.set_process_phases(self.hooks.phases)
+
+    def _telemetry_kpis(self, state: LiveState, uuid: str, reading: Any, window_s: float) -> None:
+        """Recompute a device's telemetry KPIs when the classifier has run again for it (`reading.t`
+        moved) or its phase changed; between runs they stand, so a tick costs nothing here."""
+        run = (float(reading.t), str(reading.phase))
+        if self._kpi_runs.get(uuid) == run:
+            return
+        self._kpi_runs[uuid] = run
+        since = float(reading.since)
+        start = max(since - window_s if math.isfinite(since) else -math.inf, run[0] - KPI_WINDOW_S)
+        try:
+            kpis: dict[str, Any] | None = ring_kpis(state, uuid, reading.phase, start)
+        except Exception as exc:  # a KPI that cannot be had must not stop the phase: say it once
+            kpis = None
+            line = f"telemetry KPIs of {uuid}: {type(exc).__name__}: {exc}"
+            if line not in self._said:
+                self._said.add(line)
+                state.note(line)
+        state.set_telemetry_kpis(uuid, kpis)

@@ -1,12 +1,12 @@
 """The live state: the data every live view (TUI, plain table, the web page) shows, and no screen text.
 
 The tick loop (live/loop.py) calls `LiveState.ingest(batch)` each tick, then its `annotate` hook (the live
-classifier, hook KPIs) writes the phase and KPIs with `set_phase` / `set_kpis`; `ingest` advances the
-loop's energy meter in the same locked step as the tick (the state owns no meter: energy so far is the
-loop's one meter's). Views take a consistent `snapshot()` whenever they redraw and format it themselves
-(views/table.py: the table's cells and the status line). Per-device history lives in fixed-size numpy ring
-buffers (one row per tick, one column per schema signal), so a long session costs constant memory and no
-per-sample objects.
+classifier, hook KPIs, telemetry KPIs) writes the phase and KPIs with `set_phase` / `set_kpis` /
+`set_telemetry_kpis`; `ingest` advances the loop's energy meter in the same locked step as the tick (the
+state owns no meter: energy so far is the loop's one meter's). Views take a consistent `snapshot()`
+whenever they redraw and format it themselves (views/table.py: the table's cells and the status line).
+Per-device history lives in fixed-size numpy ring buffers (one row per tick, one column per schema
+signal), so a long session costs constant memory and no per-sample objects.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from phasescope.classify.decide import finite_or_none
 from phasescope.kpi.cost import Prices, device_cost, mig_prices
 from phasescope.kpi.energy import DeviceEnergy
+from phasescope.live.evidence import DeviceEvidence
+from phasescope.live.fine import FineSamples
 from phasescope.schema import (
     HELD_MEM_BYTES,
     PHASES,
@@ -177,6 +180,10 @@ class DeviceSnapshot:
     energy: DeviceEnergy | None  # energy so far, None before it was metered
     prices: Prices  # what its cost is reckoned at (a MIG row: its share of the GPU's)
     processes: list[ProcessSnapshot]
+    # Telemetry-only KPIs of its current phase (kpi/rhythm.py `trace_kpis`'s dict; empty before the first)
+    telemetry_kpis: dict[str, Any] = field(default_factory=dict)
+    # What its processes say they are (live/evidence.py): context beside the phase; None where not read
+    evidence: DeviceEvidence | None = None
 
     def value(self, signal: str) -> float:
         return float(self.latest[SIGNAL_COLUMN[signal]])
@@ -227,6 +234,9 @@ class LiveState:
         self._health: dict[str, GpuHealth] = {}  # uuid -> the source's last health read (NVML)
         self._phases: dict[str, PhaseView] = {}
         self._kpis: dict[str, dict[str, float]] = {}  # device uuid -> hook KPIs (kpi/training, kpi/inference)
+        self._telemetry_kpis: dict[str, dict[str, Any]] = {}  # device uuid -> `trace_kpis` of its phase
+        self._evidence: dict[str, DeviceEvidence] = {}  # device uuid -> its processes' claim (local only)
+        self.fine = FineSamples()  # NVML's sub-second samples (TickBatch.fine), for the telemetry KPIs
         self._proc_kpis: dict[int, dict[str, float]] = {}  # pid -> hook KPIs of that process
         self._proc_phase: dict[int, str] = {}  # pid -> the phase that process's hooks report
         self.price_note = ""  # said on every status line while set (e.g. the demo's example prices)
@@ -286,6 +296,7 @@ class LiveState:
                 self._energy = {r.device: r for r in meter(batch, self._metered_phases())}
             self._health.update(batch.health)
             self._events.extend(batch.events)
+            self.fine.ingest(batch)
             if errors is not None:
                 self._errors = dict(errors)
             self.ticks += 1
@@ -382,7 +393,30 @@ class LiveState:
                 self._kpis, self._proc_kpis = dict(device), dict(process)
                 self.version += 1
 
+    def set_telemetry_kpis(self, uuid: str, kpis: Mapping[str, Any] | None) -> None:
+        """A device's telemetry-only KPIs (kpi/rhythm.py `trace_kpis` of its current phase), replacing
+        the previous ones; None forgets them."""
+        with self._lock:
+            if kpis is None:
+                changed = self._telemetry_kpis.pop(uuid, None) is not None
+            else:
+                changed = self._telemetry_kpis.get(uuid) != kpis
+                self._telemetry_kpis[uuid] = dict(kpis)
+            if changed:
+                self.version += 1
+
+    def set_evidence(self, devices: Mapping[str, DeviceEvidence]) -> None:
+        """What each device's processes claim (live/evidence.py), replacing the previous set."""
+        with self._lock:
+            if dict(devices) != self._evidence:
+                self._evidence = dict(devices)
+                self.version += 1
+
     # ---- readers (any thread) ----
+
+    def evidence(self) -> dict[str, DeviceEvidence]:
+        with self._lock:
+            return dict(self._evidence)
 
     def device_info(self, uuid: str) -> DeviceInfo:
         with self._lock:
@@ -437,6 +471,11 @@ class LiveState:
         """uuid -> the device's phase KPIs (hooks, and a serving engine's /metrics where scraped)."""
         with self._lock:
             return {u: dict(k) for u, k in self._kpis.items()}
+
+    def telemetry_kpis(self) -> dict[str, dict[str, Any]]:
+        """uuid -> the device's telemetry-only KPIs (`set_telemetry_kpis`), for devices that have them."""
+        with self._lock:
+            return {u: dict(k) for u, k in self._telemetry_kpis.items()}
 
     def process_phases(self) -> dict[int, str]:
         with self._lock:
@@ -530,7 +569,8 @@ class LiveState:
             dev.info, dev.order, dev.lost, dark, latest, limit, dev.history.column(SIGNAL_COLUMN["gpu_util"]),
             dev.history.column(SIGNAL_COLUMN["power"]), self._phase_view(dev), self._is_idle_held(dev),
             dict(self._kpis.get(uuid, {})), self._energy.get(uuid), prices,
-            [self._process_snapshot(p) for p in dev.processes])
+            [self._process_snapshot(p) for p in dev.processes], dict(self._telemetry_kpis.get(uuid, {})),
+            self._evidence.get(uuid))
 
     def _process_snapshot(self, p: ProcessSample) -> ProcessSnapshot:
         return ProcessSnapshot(p, np.asarray(self._proc_cpu.get(p.pid, ()), dtype=np.float64),

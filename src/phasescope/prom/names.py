@@ -26,6 +26,10 @@ metrics, each absent where the GPU does not offer it (no ECC on a consumer GPU),
 `phasescope_gpu_critical_xid_errors_total` and `phasescope_gpu_last_critical_xid`.
 deploy/prometheus/dcgm_compat.yml republishes them under dcgm-exporter's names.
 
+Telemetry-only KPIs (kpi/rhythm.py) of each GPU's current phase are gauges of their own
+(`TELEMETRY_KPI_METRICS`: `phasescope_gpu_step_period_seconds`, `phasescope_gpu_stall_ratio`,
+`phasescope_gpu_busy_ratio`, `phasescope_gpu_burst_rate_per_second`, ...), absent where a figure has no value.
+
 The host source's pseudo-device (CPU and RAM, no GPU) is exported as `phasescope_host_*`, never under a
 `phasescope_gpu_*` name, so nothing that counts GPUs counts a CPU.
 """
@@ -112,6 +116,15 @@ TRAINING_ALARM_START = MetricName(
     f"{PREFIX}_gpu_training_alarm_start_time_seconds", "gauge",
     "Unix time (the telemetry's clock) the holding training-started alarm fired; absent while none holds",
 )
+PHASE_DISAGREEMENT = MetricName(
+    f"{PREFIX}_gpu_phase_disagreement", "gauge",
+    "1 while the device's processes claim one phase (a serving engine: inference; a trainer: training) and "
+    "its telemetry shows the other, else 0; absent where the processes are not this host's",
+)
+ENGINE_INFO = MetricName(
+    f"{PREFIX}_gpu_engine_info", "gauge",
+    "1 per serving engine or trainer its processes name themselves as (context, never the phase)",
+)
 SOURCE_UP = MetricName(
     f"{PREFIX}_source_up", "gauge", "1 while the telemetry source delivers fresh samples, else 0"
 )
@@ -183,6 +196,41 @@ GPU_LAST_CRITICAL_XID = MetricName(
 HEALTH_METRICS: tuple[MetricName, ...] = (
     GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_PENDING, GPU_ROW_REMAP_FAILURE, GPU_PCIE_REPLAYS,
     GPU_MEM_TEMPERATURE, GPU_XID_ERRORS, GPU_LAST_XID, GPU_CRITICAL_XID_ERRORS, GPU_LAST_CRITICAL_XID,
+)
+
+# Telemetry-only KPIs of the device's current phase (kpi/rhythm.py `trace_kpis`, computed by the live
+# pipeline once per classifier run): figure -> metric. A figure with no value (no rhythm found, or another
+# phase's figure) has no sample, never 0. No `method` label: a method's text is not a bounded value; it is
+# in the help, in /api/state and in `classify --json`.
+TELEMETRY_KPI_METRICS: dict[str, MetricName] = {
+    "step_period_s": MetricName(
+        f"{PREFIX}_gpu_step_period_seconds", "gauge",
+        "Training step period from the rhythm of utilisation and power (autocorrelation, telemetry only; "
+        "absent when no rhythm stands out, e.g. steps faster than NVML refreshes)",
+    ),
+    "stall_fraction": MetricName(
+        f"{PREFIX}_gpu_stall_ratio", "gauge",
+        "Training: share of time no kernel ran, from the first to the last busy sample (mean 1 - gpu_util)",
+    ),
+    "busy_fraction": MetricName(
+        f"{PREFIX}_gpu_busy_ratio", "gauge", "Inference: share of time a kernel ran (mean gpu_util)",
+    ),
+    "burst_rate_per_s": MetricName(
+        f"{PREFIX}_gpu_burst_rate_per_second", "gauge",
+        "Inference: busy bursts (runs of samples with kernels running) per second",
+    ),
+    "burst_mean_s": MetricName(
+        f"{PREFIX}_gpu_burst_mean_seconds", "gauge", "Inference: mean length of a busy burst",
+    ),
+    "saturated": MetricName(
+        f"{PREFIX}_gpu_saturated", "gauge",
+        "Inference: 1 while the GPU is busy nearly all the time with power at its plateau (no head-room), "
+        "else 0",
+    ),
+}
+STEP_PERIOD_CONFIDENCE = MetricName(
+    f"{PREFIX}_gpu_step_period_confidence", "gauge",
+    "How clearly the step period stands out (the autocorrelation peak's prominence, 0-1); absent with it",
 )
 
 # The host source's pseudo-device: schema column -> what it holds there (sources/host.py).

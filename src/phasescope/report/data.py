@@ -17,6 +17,7 @@ from phasescope.classify import decide, verdict
 from phasescope.errors import PhasescopeError
 from phasescope.kpi.cost import ZERO, Cost, Prices, device_cost, mig_prices, phase_costs
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy, device_energy
+from phasescope.kpi.rhythm import trace_kpis
 from phasescope.schema import PHASES, Trace, Verdict
 
 TOP_FEATURES = 5  # features listed per segment as its evidence
@@ -47,6 +48,9 @@ class DeviceReport:
     cost: Cost
     phase_cost: dict[str, Cost]
     price_note: str = ""  # how a MIG row's prices are its share of the physical GPU's, or ""
+    # The telemetry-only KPIs of the device's phase over its segments of that phase (`trace_kpis`, as
+    # `classify --json`'s `kpis`): step period and stall share, or busy fraction and bursts
+    telemetry_kpis: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pred(self) -> Any | None:
@@ -173,13 +177,14 @@ def device_report(
     v, note = verdict.unclassified(trace, model_note), model_note
     if model is not None:
         try:
-            v = verdict.build(trace, model)
+            v = verdict.build(trace, model, evidence=True)  # the report shows each segment's evidence
         except (PhasescopeError, ValueError) as exc:  # one unclassifiable trace must not sink the report
             note = f"not classified: {exc}"
             v = verdict.unclassified(trace, note)
     segs = v.segments
     evidence = [segment_evidence(v.windows, s) for s in segs] if v.windows is not None else []
     energy = device_energy(trace, segs or None, gap_factor=gap_factor)
+    spans = [(s.start, s.end) for s in segs if s.label == v.label]
     return DeviceReport(
         path=path,
         trace=trace,
@@ -193,6 +198,7 @@ def device_report(
         cost=device_cost(energy, prices),
         phase_cost=phase_costs([energy], prices),
         price_note=price_note,
+        telemetry_kpis=trace_kpis(trace, v.label, spans),
     )
 
 

@@ -22,6 +22,7 @@ from phasescope.views.display import (
     fmt_usd,
     fmt_watts,
 )
+from phasescope.views.kpis import kpi_items, kpi_note
 from phasescope.views.palette import FAVICON, UNKNOWN, look
 
 MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and max
@@ -286,6 +287,20 @@ def _kpis(d: DeviceReport) -> str:
     return _table(["KPI", "value"], rows)
 
 
+def _telemetry_kpis(d: DeviceReport) -> str:
+    """The small block of telemetry-only KPIs of the device's phase (views/kpis.py, as every view shows
+    them), each with its method and confidence; nothing when the phase has none to show."""
+    items = kpi_items(d.telemetry_kpis)
+    if not items:
+        return ""
+    span = d.telemetry_kpis.get("span_s")
+    over = f" over its {_e(fmt_seconds(span))} in that phase" if isinstance(span, float) else ""
+    head = (f"<h3>KPIs from telemetry alone</h3><p class='meta'>For the device's phase "
+            f"({_e(d.telemetry_kpis.get('phase', ''))}){over}; no hooks needed.</p>")
+    return head + _table(["KPI", "value", "how"], [[i.name, i.text, kpi_note(i)] for i in items],
+                         cls="telemetry-kpis")
+
+
 def _prices(d: DeviceReport) -> str:
     p = d.prices
     parts = []
@@ -343,6 +358,7 @@ def render(data: ReportData) -> str:
         if d.note:
             parts.append(f"<p class='note'>{_e(d.note)}</p>")
         parts.append(_kpis(d))
+        parts.append(_telemetry_kpis(d))
         parts.append("<h3>Per phase</h3>")
         parts.append(_phase_table(d))
         parts.append("<h3>Timeline</h3><p class='meta'>Bands are the phase segments; the bottom panel is the "

@@ -23,6 +23,7 @@ from phasescope.kpi.cost import Prices, cost_of
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR, DeviceEnergy
 from phasescope.live.annotate import Annotator, HookKpiReader
 from phasescope.live.classify import LiveClassifier, PhaseReading
+from phasescope.live.evidence import EvidenceTracker
 from phasescope.live.history import backfill_phases, loaded_note, recent_traces
 from phasescope.live.loop import Sink, TickLoop
 from phasescope.live.state import LiveState, phase_from_hooks
@@ -39,6 +40,7 @@ from phasescope.sources.base import LiveSource
 from phasescope.sources.host import is_host_device
 from phasescope.sources.sampler import Sampler
 from phasescope.store.live import Store
+from phasescope.views.kpis import kpi_items, kpi_note, kpi_text
 from phasescope.views.table import status_line
 
 # Signals the dashboard draws, in this order (the others are in the JSON "latest" block and /metrics).
@@ -76,6 +78,15 @@ def _health_doc(h: GpuHealth | None) -> dict[str, Any] | None:
     return doc
 
 
+def _telemetry_doc(kpis: dict[str, Any]) -> dict[str, Any]:
+    """A device's telemetry-only KPIs for /api/state: `telemetry_kpis` as `classify --json`'s `kpis` (the
+    figures of `trace_kpis`, {} before the first), and as the views show them: `telemetry_kpis_text` (the
+    one line `top` shows) and `telemetry_kpis_notes` (each shown figure's method, for a tooltip)."""
+    doc = {k: (_num(v, 3) if isinstance(v, float) else v) for k, v in kpis.items()}
+    return {"telemetry_kpis": doc, "telemetry_kpis_text": kpi_text(kpis),
+            "telemetry_kpis_notes": {i.name: kpi_note(i) for i in kpi_items(kpis)}}
+
+
 class Agent:
     """Samples `source` every `interval_s` seconds in a background thread and keeps what the views read."""
 
@@ -91,6 +102,7 @@ class Agent:
         gap_factor: float = DEFAULT_GAP_FACTOR,
         hooks: HookKpiReader | None = None,
         store: Store | None = None,
+        auto_scrape: bool = True,
     ) -> None:
         self.source = source
         self.interval_s = float(interval_s)
@@ -106,7 +118,10 @@ class Agent:
         self.store = store  # every tick is also kept here, for `verify --since/--until` and history
         sinks: list[Sink] = [("writing the store", store.ingest)] if store is not None else []
         # `top`'s pipeline: phase into the state, hook KPIs where a run writes them, the one energy meter.
-        self.loop = TickLoop(source, interval_s, self.state, annotate=Annotator(self.classifier, hooks),
+        # Each local GPU process's own claim beside the phase; a recognised engine scraped unasked.
+        self.evidence = EvidenceTracker(auto_scrape)
+        self.loop = TickLoop(source, interval_s, self.state,
+                             annotate=Annotator(self.classifier, hooks, evidence=self.evidence),
                              sinks=sinks, gap_factor=gap_factor)
         self.started = time.time()
         self._thread: threading.Thread | None = None
@@ -151,6 +166,7 @@ class Agent:
         self.loop.stop()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.evidence.stop()
 
     def run(
         self, stop: threading.Event | None = None, duration: float | None = None, warm: bool = True
@@ -221,6 +237,8 @@ class Agent:
         procs = Counter({uuid: len(ps) for uuid, ps in self.state.processes().items()})
         idle_held = self.state.idle_held()
         kpis = self.state.device_kpis()
+        telemetry = self.state.telemetry_kpis()
+        evidence = self.state.evidence()
         proc_kpis = self._process_kpis()
         host_phases = self.state.host_phases()
         devices = []
@@ -259,6 +277,10 @@ class Agent:
                 "idle_held": info.uuid in idle_held,
                 "kpis": {k: _num(v) for k, v in kpis.get(info.uuid, {}).items()},
                 "process_kpis": proc_kpis.get(info.uuid, []),
+                **_telemetry_doc(telemetry.get(info.uuid, {})),
+                # What its processes say they are (engine names and a role, never a command line): context
+                # beside the phase, with `disagrees` where it contradicts the telemetry; null if not read.
+                "evidence": claim.to_dict() if (claim := evidence.get(info.uuid)) is not None else None,
                 # `measured`: the page's one test for "has energy" (the same rule as the phases' nulls).
                 "energy": {"method": dev_energy.method if dev_energy else "none",
                            "measured": dev_energy.measured if dev_energy else False, "phases": phases},

@@ -24,7 +24,7 @@ import itertools
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,12 +34,16 @@ from phasescope.prom import names as mn
 from phasescope.schema import PHASES, SIGNAL_COLUMN, SIGNAL_NAMES, GpuHealth, ProcessSample
 from phasescope.sources.containers import ContainerResolver, merge_labels
 from phasescope.sources.host import is_host_device
+from phasescope.sources.process_kind import ENGINE_ROLES
 
 if TYPE_CHECKING:
     from phasescope.serve.agent import Agent
 
 
-def _family(metric: mn.MetricName, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+_Family = GaugeMetricFamily | CounterMetricFamily
+
+
+def _family(metric: mn.MetricName, labels: list[str]) -> _Family:
     if metric.kind == "counter":
         return CounterMetricFamily(metric.family, metric.help, labels=labels)
     return GaugeMetricFamily(metric.name, metric.help, labels=labels)
@@ -82,6 +86,21 @@ class _HealthFamilies:
         yield from (f for f in fams if f.samples)
 
 
+def _add_telemetry_kpis(families: dict[str, _Family], confidence: _Family, key: list[str],
+                        kpis: dict[str, Any]) -> None:
+    """One device's telemetry-only KPIs (`trace_kpis` figures) into their gauges: a figure with no value
+    (None: no rhythm, another phase's figure) has no sample, never a made-up 0; a flag is 1 or 0."""
+    for name, fam in families.items():
+        fig = kpis.get(name)
+        value = fig.get("value") if isinstance(fig, dict) else None
+        if isinstance(value, bool):
+            fam.add_metric(key, 1.0 if value else 0.0)
+        elif value is not None and math.isfinite(float(value)):
+            fam.add_metric(key, float(value))
+            if name == "step_period_s" and fig is not None and fig.get("confidence") is not None:
+                confidence.add_metric(key, float(fig["confidence"]))
+
+
 ATTRIBUTION_TTL_S = 10.0
 # Per GPU: the pod/namespace/container its containers agree on (None: none named), and (pid, labels)
 # per containerised process.
@@ -120,6 +139,12 @@ class PhasescopeCollector:
         gpu_info = _family(mn.GPU_INFO, [*labels, *mn.GPU_INFO_LABELS])
         pod_info = _family(mn.GPU_POD_INFO, [*labels, *mn.POD_LABELS])
         process_info = _family(mn.GPU_PROCESS_INFO, [*labels, "pid", *mn.POD_LABELS])
+        kpi_families = {k: _family(m, labels) for k, m in mn.TELEMETRY_KPI_METRICS.items()}
+        period_confidence = _family(mn.STEP_PERIOD_CONFIDENCE, labels)
+        telemetry_kpis = agent.state.telemetry_kpis()
+        evidence = agent.state.evidence()
+        disagreement = _family(mn.PHASE_DISAGREEMENT, labels)
+        engine_info = _family(mn.ENGINE_INFO, [*labels, "engine", "role"])
         host_labels = list(mn.HOST_LABELS)
         host_signals = {s: _family(m, host_labels) for s, m in mn.HOST_METRICS.items()}
         by_device = agent.energy_results()
@@ -159,6 +184,12 @@ class PhasescopeCollector:
                     alarm.add_metric(key, 1.0 if reading.training_alarm else 0.0)
                     if reading.training_alarm and reading.alarm_at is not None:
                         alarm_start.add_metric(key, reading.alarm_at)
+            _add_telemetry_kpis(kpi_families, period_confidence, key, telemetry_kpis.get(info.uuid, {}))
+            claim = evidence.get(info.uuid)
+            if claim is not None:
+                disagreement.add_metric(key, 1.0 if claim.disagrees else 0.0)
+                for engine in claim.engines:
+                    engine_info.add_metric([*key, engine, ENGINE_ROLES.get(engine, "")], 1.0)
             dev_energy = by_device.get(info.uuid)
             for p, pe in sorted((dev_energy.phases if dev_energy else {}).items()):
                 seconds.add_metric([*key, p], pe.seconds)
@@ -172,7 +203,8 @@ class PhasescopeCollector:
         yield from (f for f in signals.values() if f.samples)
         yield from (proba, confidence, current, idle_held, seconds, energy)
         yield from (f for f in (alarm, alarm_start) if f.samples)
-        yield from (f for f in (gpu_info, pod_info, process_info) if f.samples)
+        yield from (f for f in (*kpi_families.values(), period_confidence) if f.samples)
+        yield from (f for f in (gpu_info, pod_info, process_info, disagreement, engine_info) if f.samples)
         yield from health_families.families()
         yield from (f for f in host_signals.values() if f.samples)
 

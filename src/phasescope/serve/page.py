@@ -42,6 +42,11 @@ __FAVICON__
  .hook-kpis { display: flex; flex-wrap: wrap; gap: 4px 18px; margin: 2px 0 6px; font-size: 13px; }
  .hook-kpis:empty { display: none; }
  .hook-kpis .who { color: #667; }
+ .telemetry-kpis { margin: 2px 0 6px; font-size: 13px; }
+ .telemetry-kpis:empty { display: none; }
+ .evidence { margin: 2px 0 6px; font-size: 13px; color: #555; }
+ .evidence:empty { display: none; }
+ .evidence.disagrees { color: #8a2a00; font-weight: 600; }
  .device-head { display: flex; gap: 12px; align-items: baseline; flex-wrap: wrap; }
  .muted { color: #667; font-size: 12px; }
  .held { color: __HELD__; font-weight: 600; }
@@ -118,14 +123,15 @@ function card(dev) {
   el.innerHTML = `<div class="device-head"><h2>${esc(idx + (dev.name || "device"))}</h2>
     <span class="badge" data-testid="phase-badge"></span><span class="alarm" data-testid="training-alarm"></span><span class="conf muted"></span>
     <span class="since muted"></span><span class="held"></span><span class="muted">${esc(dev.uuid)}</span></div>
-    <div class="cols"><div><div class="hook-kpis" data-testid="phase-kpis"></div><div class="kpis"></div><div class="chart"></div></div>
+    <div class="cols"><div><div class="hook-kpis" data-testid="phase-kpis"></div><div class="telemetry-kpis" data-testid="telemetry-kpis"></div><div class="evidence" data-testid="evidence"></div><div class="kpis"></div><div class="chart"></div></div>
     <div><table class="energy"><thead><tr><th>phase</th><th>time</th><th>energy</th><th>cost</th></tr></thead>
     <tbody></tbody></table><div class="muted method"></div></div></div>`;
   document.getElementById("devices").appendChild(el);
   cards[dev.uuid] = {
     el, badge: el.querySelector(".badge"), alarm: el.querySelector(".alarm"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
     held: el.querySelector(".held"), kpis: el.querySelector(".kpis"), chart: el.querySelector(".chart"),
-    hook: el.querySelector(".hook-kpis"),
+    hook: el.querySelector(".hook-kpis"), telemetry: el.querySelector(".telemetry-kpis"),
+    evidence: el.querySelector(".evidence"),
     energy: el.querySelector(".energy tbody"), method: el.querySelector(".method"),
   };
   return cards[dev.uuid];
@@ -167,6 +173,15 @@ function drawDevice(dev, now) {
     hook.push(phaseKpis(p.kpis, (p.label || "pid") + " " + p.pid + (p.phase ? " · " + p.phase + " (hooks)" : "")));
   }
   c.hook.innerHTML = hook.filter(x => x).join("");
+  // From telemetry alone (no hooks): /api/state's line, as `top` shows it; each figure's method on hover.
+  const tk = dev.telemetry_kpis_text;
+  c.telemetry.textContent = tk && tk !== "–" ? "from telemetry: " + tk : "";
+  c.telemetry.title = Object.entries(dev.telemetry_kpis_notes || {}).map(([n, m]) => n + ": " + m).join("\\n");
+  // What its processes say they are: context beside the phase, marked where it contradicts the telemetry.
+  const ev = dev.evidence;
+  const said = ev && ev.engines.length ? ev.engines.join(" + ") + (ev.role ? " (" + ev.role + ")" : "") : "";
+  c.evidence.textContent = said ? (ev.disagrees ? "≠ processes say: " : "processes: ") + said : "";
+  c.evidence.classList.toggle("disagrees", !!(ev && ev.disagrees));
   // /api/state's `measured` (kpi/energy.py's rule), e.g. false on a host: time per phase, no power to integrate.
   const metered = dev.energy.measured;
   const rows = Object.entries(dev.energy.phases).map(([p, e]) =>

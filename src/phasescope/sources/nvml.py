@@ -21,6 +21,10 @@ and handed on in `TickBatch.health`, so recordings, the store and the features d
 drained every tick without blocking (NVML queues them); each is counted, and each code is said as an event
 line (as "GPU lost" is) at most once a tick with its count, and once a minute while it repeats.
 
+NVML's sample buffers (`nvmlDeviceGetSamples`: GPU and memory utilisation, total power) are read each tick on
+each physical GPU, one call per kind, for the samples newer than the last one seen, and handed on at their own
+times in `TickBatch.fine` (docs/design/nvml-samples.md). NotFound there means nothing new, not a failure.
+
 Devices are keyed by UUID: NVML ignores CUDA_VISIBLE_DEVICES, so its indices are not the CUDA ones.
 pynvml functions are looked up on the module at call time, so the test fake can patch them.
 """
@@ -122,6 +126,15 @@ XID_MEANINGS: dict[int, str] = {
 CRITICAL_XIDS: frozenset[int] = frozenset({48, 62, 64, 74, 79, 95, 119})
 # nvmlValueType_t -> the member of c_nvmlValue_t that holds the value
 _FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# nvmlDeviceGetSamples: (nvmlSamplingType_t from nvml.h, schema signal, factor from NVML's unit to base units)
+_SAMPLE_KINDS: tuple[tuple[int, str, float], ...] = (
+    (1, "gpu_util", PERCENT),  # NVML_GPU_UTILIZATION_SAMPLES, percent
+    (0, "power", 1e-3),  # NVML_TOTAL_POWER_SAMPLES, mW
+    (2, "mem_util", PERCENT),  # NVML_MEMORY_UTILIZATION_SAMPLES, percent
+)
+# Real drivers stamp the samples in Unix microseconds; a stamp further than this from our clock is on some
+# other clock and is anchored to the tick's time instead (`_sample_offset`).
+_UNIX_CLOCK_SLACK_S = 86400.0
 # GPM metric ids -> schema signal (all percent 0-100).
 _GPM_METRICS: tuple[tuple[int, str], ...] = ((2, "sm_active"), (5, "tensor_active"), (10, "dram_active"))
 
@@ -178,6 +191,10 @@ class _Device:
     backoff_s: float = OUTAGE_BACKOFF_S
     down_calls: int = 0
     impossible_said: set[str] = field(default_factory=set)  # signals already said out of range
+    # nvmlDeviceGetSamples: sampling type -> the newest timestamp seen (driver clock, us); and the seconds
+    # added to a driver stamp to make it Unix time (0 on real drivers; None until the first sample)
+    samples_seen: dict[int, int] = field(default_factory=dict)
+    sample_offset: float | None = None
 
 
 def _error_code(exc: BaseException) -> int:
@@ -243,7 +260,7 @@ class NvmlSource:
     def __init__(
         self, processes: bool = True, gpm: bool = True, nvlink: bool = True,
         health_interval_s: float = HEALTH_INTERVAL_S, health: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, samples: bool = True,
     ) -> None:
         _init()
         self._clock = clock  # of the outage backoff; injectable so tests need not wait minutes
@@ -251,6 +268,7 @@ class NvmlSource:
         self._want_processes = processes
         self._want_gpm = gpm
         self._want_nvlink = nvlink
+        self._want_samples = samples  # False: no nvmlDeviceGetSamples (the sampler benchmark's baseline)
         self._health_interval_s = float(health_interval_s)
         self._want_health = health  # False: no XID event sets, no health reads (`measure` needs neither)
         self._errors: dict[str, int] = {}
@@ -434,6 +452,7 @@ class NvmlSource:
         events, self._pending_events = self._pending_events, []
         rows: list[list[float]] = []
         processes: list[ProcessSample] = []
+        fine: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         mono = self._clock()
         for dev in self._devs:
             row = [_NAN] * _N
@@ -446,6 +465,10 @@ class NvmlSource:
                         self._read_health(dev, now)
                     if self._want_processes and not dev.mig_enabled:
                         self._read_processes(dev, now, processes)
+                    if self._want_samples and dev.parent is None:
+                        got = self._read_samples(dev, now)
+                        if got:
+                            fine[dev.info.uuid] = got
                 except _GpuLost as exc:
                     row = [_NAN] * _N
                     self._poll_xids(dev, now, events)  # the XID that says why (79) may have come meanwhile
@@ -466,7 +489,7 @@ class NvmlSource:
         # A lost GPU keeps its last health: its last XID (79) is what an SRE needs to see.
         health = {d.info.uuid: d.health for d in self._devs if d.health is not None}
         return TickBatch(time=now, devices=self.devices(), values=values, processes=processes, events=events,
-                         health=health)
+                         health=health, fine=fine)
 
     def _outage(self, dev: _Device, mono: float) -> list[str]:
         """A tick of nothing but Unknown: start or extend the device's outage; give up after
@@ -721,6 +744,73 @@ class NvmlSource:
                         row[_C[signal]] = metric.value * PERCENT
         gpm.prev, gpm.cur = gpm.cur, gpm.prev
         gpm.have_prev = True
+
+    def _read_samples(self, dev: _Device, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The driver's samples of each kind newer than the last seen, at their own times (Unix s) in base
+        units; each kind costs one call a tick, and none after it answered NotSupported (or the like)."""
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for kind, signal, scale in _SAMPLE_KINDS:
+            memo = f"nvmlDeviceGetSamples:{signal}"
+            if memo in dev.unsupported:
+                continue
+            last = dev.samples_seen.get(kind, 0)
+            dev.attempts += 1
+            try:
+                value_type, samples = pynvml.nvmlDeviceGetSamples(dev.handle, kind, last)
+            except pynvml.NVMLError as exc:
+                code = _error_code(exc)
+                if code == _NOT_FOUND:
+                    continue  # nothing newer than `last`: normal between two ticks
+                self._count("nvmlDeviceGetSamples")
+                if code in _STATIC_FAILURES:
+                    dev.unsupported.add(memo)
+                elif code in _LOST_FAILURES:
+                    raise _GpuLost(f"nvmlDeviceGetSamples: {exc}") from None
+                elif code == _UNKNOWN:
+                    dev.unknown += 1
+                continue
+            member = _FIELD_VALUE.get(int(value_type))
+            if member is None:  # a value type this code does not know: it will not change, stop asking
+                self._count("nvmlDeviceGetSamples")
+                dev.unsupported.add(memo)
+                continue
+            # Plain Python over the few new samples of a tick: cheaper than numpy on arrays this small. The
+            # buffer may hand back what was seen already, or out of order: each stamp once, newer than last.
+            lo, hi = RANGES[signal]
+            stamps: list[int] = []
+            vals: list[float] = []
+            bad = 0
+            newest = last
+            for ts, raw in sorted((int(x.timeStamp), float(getattr(x.sampleValue, member))) for x in samples):
+                if ts <= newest:
+                    continue
+                newest = ts
+                v = raw * scale
+                if not lo <= v <= hi:  # a driver's garbage is dropped and counted; a NaN only dropped
+                    if v == v:
+                        bad += 1
+                    continue
+                stamps.append(ts)
+                vals.append(v)
+            if bad:  # counted apart from the row's (`_drop_impossible`)
+                self._count(f"impossible {signal} sample")
+            if newest == last:
+                continue
+            dev.samples_seen[kind] = newest
+            if dev.sample_offset is None:
+                dev.sample_offset = self._sample_offset(newest, now)
+            if stamps:
+                t = np.array(stamps, dtype=np.float64) * 1e-6 + dev.sample_offset
+                out[signal] = (t, np.array(vals, dtype=np.float64))
+        return out
+
+    @staticmethod
+    def _sample_offset(newest_us: int, now: float) -> float:
+        """Seconds to add to the driver's sample stamps for Unix time: none when they are Unix microseconds
+        (real drivers); else the newest sample of the first read is taken as read now, and the rest keep
+        their spacing from it."""
+        t = newest_us * 1e-6
+        return 0.0 if abs(t - now) < _UNIX_CLOCK_SLACK_S else now - t
 
     def _read_processes(self, dev: _Device, now: float, out: list[ProcessSample]) -> None:
         used: dict[int, float] = {}

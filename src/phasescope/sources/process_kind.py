@@ -66,6 +66,8 @@ ENGINES: tuple[Engine, ...] = (
     Engine("NeMo", TRAINING, (), ("nemo.collections", "nemo_run", "megatron_gpt_pretraining")),
 )
 
+ENGINE_ROLES: dict[str, str] = {e.name: e.role for e in ENGINES}
+
 _PACKAGE_RE = re.compile(rb"/(?:site|dist)-packages/([A-Za-z0-9_]+)/")
 
 
@@ -252,5 +254,6 @@ def engines_table() -> Mapping[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-__all__ = ["ENGINES", "INFERENCE", "TRAINING", "Engine", "Evidence", "EvidenceCache", "device_role",
-           "disagrees", "engines_table", "evidence_of", "listening_ports", "mapped_packages", "recognise"]
+__all__ = ["ENGINES", "ENGINE_ROLES", "INFERENCE", "TRAINING", "Engine", "Evidence", "EvidenceCache",
+           "device_role", "disagrees", "engines_table", "evidence_of", "listening_ports", "mapped_packages",
+           "recognise"]

@@ -1,9 +1,10 @@
 """The live table every terminal view draws (the TUI, `top --plain` / `--once`, the demo), and its status
 line: columns, formatted cells, sort, filter and the "+N more" rows, all from a `LiveState` snapshot.
 
-The state (live/state.py) holds data only; this module is the one place its numbers become screen text.
-Process sub-rows reuse the device columns: util = CPU of one core, memory = RSS (and device memory where
-the source knows it), the first sparkline = that process's CPU history.
+The state (live/state.py) holds data only; this module is the one place its numbers become screen text
+(the telemetry-only KPIs' cell comes from views/kpis.py, as in every view). Process sub-rows reuse the
+device columns: util = CPU of one core, memory = RSS (and device memory where the source knows it), the
+first sparkline = that process's CPU history.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from phasescope.live.state import (
     phase_from_hooks,
 )
 from phasescope.schema import PHASES, ProcessSample
+from phasescope.views import kpis as telemetry
 from phasescope.views.display import (
     MISSING,
     ellipsize,
@@ -52,6 +54,7 @@ HOOKS_MARK = " (hooks)"  # a phase the process's own hooks reported: exact, not 
 HOST_NO_PHASE = "phase: hooks only"  # Notes of a hooks-only device (`phase_from_hooks`) no hook reports on
 TRAINING_ALARM_NOTE = "⚑ training started"  # the onset alarm holds (fires before the phase turns training)
 UUID_CHARS = 14  # of a uuid shown in the name column when the source gives no model name
+DISAGREES = "≠ processes:"  # Notes of a device whose processes claim the other phase (a vLLM server training)
 CMD_CELL_CHARS = 60  # of a process's command line in the table's Notes; the TUI's detail line has it whole
 
 
@@ -65,6 +68,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("name", "Device / process"),
     Column("phase", "Phase"),
     Column("kpi", "Phase KPIs"),
+    Column("rhythm", "Telemetry KPIs"),
     Column("util", "Util"),
     Column("mem", "Memory used / total"),
     Column("power", "Power / limit"),
@@ -249,6 +253,7 @@ def _device_row(dev: DeviceSnapshot | None) -> Row:
     view = dev.phase
     cells["phase"], phase = _phase_cell(view)
     cells["kpi"] = kpi_text(dev.kpis, phase)  # the side of the phase shown
+    cells["rhythm"] = telemetry.kpi_text(dev.telemetry_kpis)  # from telemetry alone, no hooks
     cells["energy"] = _energy_cell(dev)
     notes = [IDLE_HELD] if dev.idle_held else []
     if view is not None and view.training_alarm and not dev.dark:
@@ -263,6 +268,13 @@ def _device_row(dev: DeviceSnapshot | None) -> Row:
         notes.append(HOST_NO_PHASE)
     if dev.processes:
         notes.append(f"{len(dev.processes)} proc")
+    claim = dev.evidence
+    if claim is not None and claim.engines:  # what its processes say they are: context, not the phase
+        said = "+".join(claim.engines)
+        if claim.disagrees:
+            notes.insert(0, f"{DISAGREES} {said} ({claim.role})")
+        else:
+            notes.append(said)
     cells["info"] = " · ".join(notes)
     return Row("device", dev.info.uuid, dev.info.uuid, cells, phase, dev.idle_held)
 

@@ -339,7 +339,7 @@ def styled_cells(row: Row, with_cmd: bool = True) -> list[Text]:
 
 # Columns a narrow terminal drops first, in this order; device, phase, util, memory, power, energy and
 # notes (NO DATA, IDLE·HELD, MIG) always stay.
-NARROW_DROP: tuple[str, ...] = ("spark_power", "spark_util", "pcie", "clocks", "temp", "kpi")
+NARROW_DROP: tuple[str, ...] = ("spark_power", "spark_util", "pcie", "clocks", "temp", "rhythm", "kpi")
 _NEVER_WRAP = frozenset({"phase", "spark_util", "spark_power"})  # a badge, block characters
 _GIVES_WAY = "info"  # Notes: last, and the one long free-form cell (a process's command line)
 
