@@ -127,3 +127,15 @@ def test_duplicate_uuids_stay_distinct_devices(real: list[Trace]) -> None:
     src, _ = _source([real[0], real[0]])
     uuids = [d.uuid for d in src.devices()]
     assert len(set(uuids)) == 2 and uuids[0] == real[0].device.uuid
+
+
+def test_a_tick_maps_back_to_the_recordings_own_clock(real: list[Trace]) -> None:
+    """Views show a replay's own time, not wall time running `speed` times faster (issue 22 item 4)."""
+    src, clock = _source(real, speed=10.0)
+    clock.now += 6.0  # 60 recorded seconds in
+    batch = src.read()
+    assert src.trace_time(batch.time) == pytest.approx(src.t0 + 60.0)
+    assert batch.time + src.clock_offset_s == pytest.approx(src.t0 + 60.0)
+    looped, lclock = _source(real, speed=10.0, loop=True)
+    lclock.now += (looped.period + 60.0) / 10.0  # one whole pass, then 60 s into the next
+    assert looped.trace_time(looped.read().time) == pytest.approx(looped.t0 + 60.0)

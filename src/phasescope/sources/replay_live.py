@@ -122,6 +122,18 @@ class ReplaySource:
     def devices(self) -> list[DeviceInfo]:
         return list(self._devices)
 
+    @property
+    def clock_offset_s(self) -> float:
+        """Add to a tick's time for the recording's own clock (what a view shows: the trace's time, not wall
+        time running `speed` times faster). Exact for the first pass; a loop's later passes run on past the
+        recording's end on the same clock."""
+        return self.t0 - self._start_wall
+
+    def trace_time(self, stamp: float) -> float:
+        """The recording's own time at a tick stamped `stamp` (inside the loop's pass it belongs to)."""
+        elapsed = stamp - self._start_wall
+        return self.t0 + (elapsed % self.period if self.loop else elapsed)
+
     def recorded_elapsed(self) -> float:
         """Recorded seconds played since the start (keeps growing across loops)."""
         return (self._clock() - self._start_mono) * self.speed
