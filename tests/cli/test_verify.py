@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,28 @@ def test_one_device_in_several_inputs_is_one_timeline(
     assert len(verdicts) == 1 and verdicts[0]["coverage"]["samples"] == len(t)
     pub = str(home / "keys" / "default.pub")
     assert main(["audit", str(b), "--pubkey", pub]) == 0, capsys.readouterr().err
+
+
+def test_process_claims_are_listed_as_unverified_context(
+    shared_data: Path, tmp_path: Path, fake_nvml: Callable[..., object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A vLLM server on the watched GPU is named beside the verdict, marked unverified: the verdict is the
+    telemetry's alone (a command line is easy to rename), and the bundle holds none of it."""
+    from tests.engine_helpers import running_as_vllm
+    from tests.fakes.fake_nvml import FakeProcess
+    from tests.live_helpers import training_traces
+
+    with running_as_vllm(tmp_path) as (proc, _port):
+        on_gpu = {0: [FakeProcess(proc.pid, 2**30, sm_util_pct=5)]}
+        fake_nvml(training_traces(shared_data)[:1], processes=on_gpu)
+        code, objs, err = run(["--declare", "inference", "--json", "--source", "auto", "--duration", "1",
+                               "--interval", "0.2"], capsys)
+        assert code in (0, 1), err
+        (context,) = objs[-1]["process_context"].values()
+        assert context == {"engines": ["vLLM"], "role": "inference", "verified": False}
+        assert all("process_context" not in o for o in objs[:-1])  # not in any device-window verdict
+        code = main(["verify", "--declare", "inference", "--source", "auto", "--duration", "1",
+                     "--interval", "0.2"])
+        out = capsys.readouterr().out
+    assert code in (0, 1)
+    assert "context (unverified, not part of the verdict):" in out and "vLLM (inference)" in out

@@ -25,6 +25,7 @@ from phasescope.cli._options import (
     model_option,
 )
 from phasescope.errors import InputError, PhasescopeError
+from phasescope.schema import TickBatch
 
 EXIT_INCONSISTENT = 1
 EXIT_UNVERIFIABLE = 3
@@ -194,6 +195,8 @@ def command(
     model = PhaseModel.load(model_path)
     params = CheckParams()
     writer: Any = None  # verify.ledger.LedgerWriter, imported only for --bundle (needs cryptography)
+    # What a live source's processes say they are (sources/process_kind.py): listed, unverified, never judged
+    context: dict[str, dict[str, object]] = {}
     meta: dict[str, Any] = {"claim": claim.text, "command": "verify"}
     if bundle:
         from phasescope.verify import require_cryptography
@@ -217,12 +220,23 @@ def command(
                 bundle, key, model=model, meta={**meta, "source": source}, create_only=True
             )
         assert duration is not None
+        seen: dict[str, set[int]] = {}  # device -> PIDs on it: context only, never in the verdict or bundle
+
+        def on_tick(batch: TickBatch) -> None:
+            if writer is not None:
+                writer.on_tick(batch)
+            for p in batch.processes:
+                if p.device_uuid:
+                    seen.setdefault(p.device_uuid, set()).add(p.pid)
+
         try:
-            traces = inp.sample_live(
-                src, duration, live_interval(src, interval), on_tick=writer.on_tick if writer else None
-            )
+            traces = inp.sample_live(src, duration, live_interval(src, interval), on_tick=on_tick)
         finally:
             src.close()
+        if getattr(src, "local_processes", False):  # this host's PIDs: they can be asked what they are
+            from phasescope.sources.process_kind import claims
+
+            context = claims(seen)
     else:
         now = time.time()
         lo = inp.parse_time(since, "--since", now) if since else None
@@ -262,12 +276,17 @@ def command(
                     "model_version": model.version,
                     "flop_total": total,
                     "bundle": bundle,
+                    "process_context": context,
                 },
                 allow_nan=False,
             )
         )
     else:
         print_table(rows, total if claim.kind == "max-flop" else None, model.version)
+        for uuid, c in context.items():
+            engines = " + ".join(str(e) for e in c["engines"])  # type: ignore[attr-defined]  # a list
+            click.echo(f"context (unverified, not part of the verdict): {_short_dev(uuid)}: processes name "
+                       f"themselves {engines}" + (f" ({c['role']})" if c["role"] else ""))
         if bundle:
             click.echo(f"bundle: {bundle} (check it with: phasescope audit {bundle} --pubkey KEY.pub)")
     failed = counts["inconsistent"] or (claim.kind == "max-flop" and total.get("versus_budget") == "above")

@@ -246,6 +246,18 @@ def disagrees(telemetry_phase: str, claimed_role: str | None) -> bool:
     return claimed_role is not None and {telemetry_phase, claimed_role} == {TRAINING, INFERENCE}
 
 
+def claims(pids_by_device: Mapping[str, Iterable[int]]) -> dict[str, dict[str, object]]:
+    """Per device, what the processes seen on it say they are, for a report that must not rely on it
+    (`verify`): `{engines, role, verified: False}`; devices whose processes claim nothing are left out."""
+    out: dict[str, dict[str, object]] = {}
+    for uuid, pids in pids_by_device.items():
+        evs = [evidence_of(pid) for pid in sorted(set(pids))]
+        engines = sorted({e.engine for e in evs if e.engine})
+        if engines:
+            out[uuid] = {"engines": engines, "role": device_role(evs), "verified": False}
+    return out
+
+
 def engines_table() -> Mapping[str, tuple[str, ...]]:
     """Role -> engine names, for docs and help texts."""
     out: dict[str, list[str]] = {}
@@ -255,5 +267,5 @@ def engines_table() -> Mapping[str, tuple[str, ...]]:
 
 
 __all__ = ["ENGINES", "ENGINE_ROLES", "INFERENCE", "TRAINING", "Engine", "Evidence", "EvidenceCache",
-           "device_role", "disagrees", "engines_table", "evidence_of", "listening_ports", "mapped_packages",
-           "recognise"]
+           "claims", "device_role", "disagrees", "engines_table", "evidence_of", "listening_ports",
+           "mapped_packages", "recognise"]
