@@ -133,6 +133,28 @@ def test_run_reports_the_counters_energy_end_to_end(tmp_path: Path) -> None:
     assert "counter" in proc.stderr and f"{device['energy_j']:,.0f} J" in proc.stderr
     html = report.read_text()
     assert "<th>method</th>" in html and f"{device['energy_j']:,.0f} J" in html
+    # ... and the device over the run: utilisation, memory and power charts (issue 19 item 5)
+    series = device["series"]
+    assert len(series["t"]) == device["samples"] == len(series["power"])
+    assert series["t"] == sorted(series["t"])
+    assert 'id="telemetry-0"' in html and "utilisation (%)" in html and "power (W)" in html
+
+
+def test_the_runs_telemetry_series_stays_bounded(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tick while few; past SERIES_POINTS every other point goes and the stride doubles, so a week-long
+    run holds as many points as an hour's, evenly spread."""
+    import phasescope.cli.run as run
+
+    monkeypatch.setattr(run, "SERIES_POINTS", 16)
+    watch, ticks = _watch_replay(shared_data / H100_GAPS, 0.5)
+    device = watch.finish()["devices"][0]
+    series = device["series"]
+    assert 8 <= len(series["t"]) < 16 and len(ticks) > 100
+    stride = round((series["t"][1] - series["t"][0]) / 0.5)
+    assert stride & (stride - 1) == 0 and stride > 1  # a power of two
+    assert np.allclose(np.diff(series["t"]), stride * 0.5)
+    row = [b.values[0, SIGNAL_NAMES.index("power")] for b in ticks[::stride]][: len(series["t"])]
+    assert [None if not np.isfinite(v) else v for v in row] == series["power"]
 
 
 def test_a_config_that_cannot_be_read_is_refused_before_the_command_runs(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from phasescope.instrument.events import load_events
 from phasescope.instrument.inject import child_env
 from phasescope.kpi.energy import DEFAULT_GAP_FACTOR
 from phasescope.kpi.run_summary import summarize
+from phasescope.kpi.training import SERIES_POINTS
 from phasescope.schema import SIGNAL_COLUMN, TickBatch
 from phasescope.sources.sampler import DEFAULT_INTERVAL_S
 from phasescope.sources.scrape.poller import Poller
@@ -93,7 +94,7 @@ class DeviceWatch:
                 stats = self.stats.get(dev.uuid)
                 if stats is None:
                     stats = self.stats[dev.uuid] = _DeviceStats(dev.name)
-                stats.add(tick.values[row])
+                stats.add(tick.values[row], tick.time)
 
     def _run(self) -> None:
         try:
@@ -144,7 +145,12 @@ class DeviceWatch:
 
 
 class _DeviceStats:
-    """Ticks seen, mean utilisation, peak memory and mean power of one device, from the finite readings."""
+    """Ticks seen, mean utilisation, peak memory and mean power of one device, from the finite readings; and
+    those three over time for the run report's charts, thinned so memory stays bounded however long the run:
+    every `stride`-th tick is kept, and when SERIES_POINTS are held every other one goes and the stride
+    doubles."""
+
+    SERIES = ("gpu_util", "mem_used", "power")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -152,8 +158,18 @@ class _DeviceStats:
         self.util = [0.0, 0]  # sum, count
         self.power = [0.0, 0]
         self.mem_max: float | None = None
+        self.stride = 1
+        self.series: dict[str, list[float | None]] = {"t": [], **{s: [] for s in self.SERIES}}
 
-    def add(self, values: np.ndarray) -> None:
+    def add(self, values: np.ndarray, t: float) -> None:
+        if self.ticks % self.stride == 0:
+            self.series["t"].append(t)
+            for s in self.SERIES:
+                v = float(values[SIGNAL_COLUMN[s]])
+                self.series[s].append(v if math.isfinite(v) else None)
+            if len(self.series["t"]) >= SERIES_POINTS:
+                self.series = {k: v[::2] for k, v in self.series.items()}
+                self.stride *= 2
         self.ticks += 1
         util, power, mem = (float(values[SIGNAL_COLUMN[s]]) for s in ("gpu_util", "power", "mem_used"))
         for acc, x in ((self.util, util), (self.power, power)):
@@ -168,7 +184,7 @@ class _DeviceStats:
             return acc[0] / acc[1] if acc[1] else None
 
         return {"samples": self.ticks, "gpu_util_mean": mean(self.util), "mem_used_max": self.mem_max,
-                "power_mean": mean(self.power)}
+                "power_mean": mean(self.power), "series": {k: list(v) for k, v in self.series.items()}}
 
 
 def _tty_foreground() -> bool:

@@ -196,47 +196,62 @@ def _badge(label: str) -> str:
 
 # (series key, axis title): a training process's charts over time, top to bottom, on one time axis.
 SERIES_PANELS = (("step_time_s", "step time (s)"), ("samples_per_s", "samples/s"), ("loss", "loss"))
+# (signal, axis title, scale from base units): a watched device's charts over the run.
+TELEMETRY_PANELS = (("gpu_util", "utilisation (%)", 100.0), ("mem_used", "memory used (GiB)", 1 / 2**30),
+                    ("power", "power (W)", 1.0))
+Panel = tuple[list[float | None], list[float | None], str, bool]  # times (Unix s), values, title, from zero
 
 
-def _series_figure(series: dict[str, Any], div_id: str) -> str | None:
-    """Step time, samples/s and loss over time as one plotly figure (a div; plotly's JS is inlined once by
-    the page), or None where there is nothing to draw."""
+def _figure(panels: list[Panel], div_id: str) -> str | None:
+    """Panels stacked on one shared time axis as one plotly figure (a div; plotly's JS is inlined once by the
+    page), or None where no panel has a value."""
     import datetime as dt
 
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    def when(ts: list[float | None]) -> list[dt.datetime | None]:
-        return [None if t is None else dt.datetime.fromtimestamp(t) for t in ts]
-
-    panels = [(key, title) for key, title in SERIES_PANELS
-              if any(v is not None for v in series.get(key) or [])]
-    if not panels:
+    drawn = [p for p in panels if any(v is not None for v in p[1])]
+    if not drawn:
         return None
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.06)
-    for row, (key, title) in enumerate(panels, start=1):
-        x = when(series["loss_t"] if key == "loss" else series["step_t"])
-        fig.add_trace(go.Scatter(x=x, y=series[key], name=title, mode="lines+markers", marker={"size": 3},
+    fig = make_subplots(rows=len(drawn), cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    for row, (ts, ys, title, from_zero) in enumerate(drawn, start=1):
+        x = [None if t is None else dt.datetime.fromtimestamp(t) for t in ts]
+        fig.add_trace(go.Scatter(x=x, y=ys, name=title, mode="lines+markers", marker={"size": 3},
                                  line={"color": look("training").fill}, connectgaps=False), row=row, col=1)
-        fig.update_yaxes(title_text=title, rangemode="tozero" if key != "loss" else "normal", row=row, col=1)
-    fig.update_xaxes(title_text="time (local)", row=len(panels), col=1)
-    fig.update_layout(height=170 * len(panels) + 60, margin={"l": 70, "r": 20, "t": 20, "b": 40},
+        fig.update_yaxes(title_text=title, rangemode="tozero" if from_zero else "normal", row=row, col=1)
+    fig.update_xaxes(title_text="time (local)", row=len(drawn), col=1)
+    fig.update_layout(height=170 * len(drawn) + 60, margin={"l": 70, "r": 20, "t": 20, "b": 40},
                       showlegend=False, template="plotly_white")
     out: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                            config={"displaylogo": False, "responsive": True})
     return out
 
 
-def _charts(proc: dict[str, Any], div_id: str) -> tuple[str, bool]:
-    """The charts of one process and whether they need plotly's JS; a one-line note where plotly is absent."""
-    series = proc.get("series")
-    if not series:
+def _charts(panels: list[Panel], div_id: str, heading: str) -> tuple[str, bool]:
+    """A heading and the figure, and whether it needs plotly's JS; a one-line note where plotly is absent."""
+    if not panels:
         return "", False
     try:
-        figure = _series_figure(series, div_id)
+        figure = _figure(panels, div_id)
     except ImportError:
         return "<p>note: charts over time need plotly: pip install 'phasescope[web]'</p>", False
-    return ("", False) if figure is None else (f"<h3>Over time</h3>{figure}", True)
+    return ("", False) if figure is None else (f"<h3>{html.escape(heading)}</h3>{figure}", True)
+
+
+def _process_panels(proc: dict[str, Any]) -> list[Panel]:
+    series = proc.get("series")
+    if not series:
+        return []
+    return [(series["loss_t"] if key == "loss" else series["step_t"], series[key], title, key != "loss")
+            for key, title in SERIES_PANELS]
+
+
+def _device_panels(dev: dict[str, Any]) -> list[Panel]:
+    series = dev.get("series")
+    if not series:
+        return []
+    return [(series["t"], [None if v is None else v * scale for v in series[signal]], title, True)
+            for signal, title, scale in TELEMETRY_PANELS]
 
 
 def render_html(doc: dict[str, Any]) -> str:
@@ -266,7 +281,7 @@ def render_html(doc: dict[str, Any]) -> str:
                             [(s["phase"], _fmt(s["duration_s"], "s"), str(s["steps"]), str(s["forwards"]))
                              for s in segs], badge_first=True))
         parts.append(_table(("phase", "KPI", "value"), kpi_rows(proc)))
-        chart, needs_js = _charts(proc, f"series-{proc['pid']}")
+        chart, needs_js = _charts(_process_panels(proc), f"series-{proc['pid']}", "Over time")
         parts.append(chart)
         plotly_needed |= needs_js
         for w in proc["warnings"]:
@@ -278,6 +293,10 @@ def render_html(doc: dict[str, Any]) -> str:
     if tel.get("devices"):
         parts.append("<h2>Device telemetry</h2>")
         parts.append(_table(TELEMETRY_COLUMNS, telemetry_rows(tel)))
+        for i, dev in enumerate(tel["devices"]):
+            chart, needs_js = _charts(_device_panels(dev), f"telemetry-{i}", f"{dev['uuid']} over the run")
+            parts.append(chart)
+            plotly_needed |= needs_js
     for srv in doc.get("servers") or []:
         parts.append(f"<h2>Serving engine: {html.escape(server_title(srv))}</h2>")
         parts.append(_table(("KPI", "value"), server_rows(srv)))
