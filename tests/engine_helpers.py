@@ -54,3 +54,26 @@ def running_as_vllm(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], i
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def running_as_launcher(tmp_path: Path, name: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A real server started as an engine's launcher script (`text-generation-launcher --port P`): an
+    executable named `name` that serves `tmp_path` over HTTP; its command line and socket are real."""
+    script = tmp_path / "bin" / name
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""
+        import http.server, sys
+        port = int(sys.argv[sys.argv.index("--port") + 1])
+        http.server.HTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler).serve_forever()
+    """))
+    script.chmod(0o755)
+    port = _free_port()
+    proc = subprocess.Popen([str(script), "--model-id", "m", "--port", str(port)], cwd=tmp_path,
+                            stderr=subprocess.PIPE)
+    try:
+        _wait_listening(port, proc)
+        yield proc, port
+    finally:
+        proc.kill()
+        proc.wait()

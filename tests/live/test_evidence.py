@@ -129,3 +129,23 @@ def test_metrics_carry_the_disagreement_and_the_engine(shared_data: Path) -> Non
     info = [s.labels for s in samples if s.name == "phasescope_gpu_engine_info"]
     assert [(i["uuid"], i["engine"], i["role"]) for i in info] == [(first, "vLLM", "inference")]
     assert second not in dis
+
+
+def test_a_tgi_launcher_is_scraped_as_tgi(
+    shared_data: Path, tmp_path: Path, fake_nvml: Callable[..., object]
+) -> None:
+    """Text Generation Inference, known by its launcher's name, serving a real TGI /metrics capture."""
+    from tests.engine_helpers import running_as_launcher
+
+    capture = next((shared_data / "formats" / "tgi-metrics").glob("*.txt"))
+    shutil.copy(capture, tmp_path / "metrics")
+    with running_as_launcher(tmp_path, "text-generation-launcher") as (proc, port):
+        for loop, tracker, _ in _watched(proc.pid, port, fake_nvml, shared_data):
+            _tick(loop)
+            (uuid,) = loop.state.device_uuids()
+            assert loop.state.evidence()[uuid].engines == ("TGI",)
+            (reader,) = tracker.scrapes.values()
+            deadline = time.monotonic() + 20
+            while not reader.engine and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert reader.engine == "tgi" and reader.url == f"http://127.0.0.1:{port}/metrics"
