@@ -78,7 +78,7 @@ def test_the_table_names_every_engine_the_issue_lists_once() -> None:
     trainers = {"torchrun", "DeepSpeed", "Accelerate", "Megatron", "Lightning", "NeMo"}
     assert {e.name for e in ENGINES if e.role == INFERENCE} == serving
     assert {e.name for e in ENGINES if e.role == TRAINING} == trainers
-    assert {e.name for e in ENGINES if e.scrape} == {"vLLM", "TGI", "Triton"}  # the engines we can scrape
+    assert {e.name for e in ENGINES if e.scrape} == {"vLLM", "TGI", "SGLang", "Triton"}  # we can scrape
 
 
 def test_a_native_library_of_a_package_names_the_engine() -> None:

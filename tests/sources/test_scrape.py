@@ -180,6 +180,34 @@ def test_triton_names() -> None:
     assert k["latency_s"]["mean"] == pytest.approx(2.0 / 40) and k["latency_s"]["p50"] is None
 
 
+def test_sglang_names() -> None:
+    # No SGLang capture is available; this exposition uses the names and units of SGLang's production-metrics
+    # docs (with --enable-metrics) to check the mapping only.
+    def hist(name: str, bounds: list[float], counts: list[int], total: float) -> list[str]:
+        lines = [f"# TYPE {name} histogram"]
+        pairs = zip(bounds, counts, strict=True)
+        lines += [f'{name}_bucket{{le="{b}",model_name="m"}} {c}' for b, c in pairs]
+        lines += [f'{name}_bucket{{le="+Inf",model_name="m"}} {counts[-1]}',
+                  f'{name}_sum{{model_name="m"}} {total}', f'{name}_count{{model_name="m"}} {counts[-1]}']
+        return lines
+
+    text = "\n".join([
+        "# TYPE sglang:num_requests_total counter", 'sglang:num_requests_total{model_name="m"} 100',
+        "# TYPE sglang:generation_tokens_total counter",
+        'sglang:generation_tokens_total{model_name="m"} 5000',
+        "# TYPE sglang:prompt_tokens_total counter", 'sglang:prompt_tokens_total{model_name="m"} 2000',
+        "# TYPE sglang:num_running_reqs gauge", 'sglang:num_running_reqs{model_name="m"} 4',
+        "# TYPE sglang:num_queue_reqs gauge", 'sglang:num_queue_reqs{model_name="m"} 2',
+        *hist("sglang:e2e_request_latency_seconds", [0.5, 1.0, 2.0], [10, 60, 100], 110.0),
+        *hist("sglang:time_to_first_token_seconds", [0.05, 0.1, 0.2], [20, 90, 100], 9.0), ""])
+    (k,) = server_kpis(parse_text(text, "sglang"))
+    assert k["engine"] == "sglang" and k["requests"] == 100 and k["running"] == 4 and k["waiting"] == 2
+    assert 0.5 < k["latency_s"]["p50"] <= 1.0 and 0.05 < k["ttft_s"]["p50"] <= 0.1
+    from phasescope.sources.process_kind import ENGINES
+
+    assert next(e for e in ENGINES if e.name == "SGLang").scrape == "sglang"  # found on a GPU: scraped
+
+
 class _Files:
     """What the local /metrics server answers: the captured files, in turn (the last one repeats)."""
 

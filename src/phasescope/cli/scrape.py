@@ -1,4 +1,4 @@
-"""`phasescope scrape URL|FILE`: inference KPIs of a vLLM, TGI or Triton server from its /metrics."""
+"""`phasescope scrape URL|FILE`: inference KPIs of a vLLM, TGI, SGLang or Triton server from its /metrics."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def pricing_note(
               help="Run the 'training started' alarm per GPU (the dashboard badge and the "
                    "phasescope_gpu_training_alarm metric); --no-alarm turns it off and saves its CPU.")
 @click.option("--auto-scrape/--no-auto-scrape", default=True, show_default=True,
-              help="Scrape the /metrics of a vLLM, TGI or Triton server found on a GPU, unasked.")
+              help="Scrape the /metrics of a vLLM, TGI, SGLang or Triton server found on a GPU, unasked.")
 def command(
     host: str | None,
     port: int | None,

@@ -295,10 +295,10 @@ def make_annotator(
 @click.option("--read-only-store", is_flag=True,
               help="Only read history from --store; write nothing to it.")
 @click.option("--scrape", "scrapes", multiple=True, metavar="URL[@INDEX]",
-              help="A vLLM / TGI / Triton /metrics URL: requests/s and p50/p99 latency for the GPU at INDEX "
-                   "(or uuid; the only device when omitted). Repeatable.")
+              help="A vLLM / TGI / SGLang / Triton /metrics URL: requests/s and p50/p99 latency for the GPU "
+                   "at INDEX (or uuid; the only device when omitted). Repeatable.")
 @click.option("--auto-scrape/--no-auto-scrape", default=True, show_default=True,
-              help="Scrape the /metrics of a vLLM, TGI or Triton server found on a GPU, unasked.")
+              help="Scrape the /metrics of a vLLM, TGI, SGLang or Triton server found on a GPU, unasked.")
 @_price_options
 def command(
     source_spec: str,

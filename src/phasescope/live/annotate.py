@@ -241,7 +241,7 @@ class ScrapeKpiReader:
         self._prev = cur
         if not engines:
             if not self.notes:
-                self.notes.append(f"{self.label}: {self.url}: no vLLM, TGI or Triton metrics")
+                self.notes.append(f"{self.label}: {self.url}: no vLLM, TGI, SGLang or Triton metrics")
             return
         e = engines[0]
         latency = e.get("latency_s") or {}

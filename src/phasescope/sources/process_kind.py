@@ -46,7 +46,7 @@ ENGINES: tuple[Engine, ...] = (
     # vLLM V1 and SGLang rename their engine and worker processes (setproctitle): "VLLM::EngineCore".
     Engine("vLLM", INFERENCE, ("vllm serve", "VLLM::*"), ("vllm.entrypoints",), ("vllm",), (8000,), "vllm"),
     Engine("SGLang", INFERENCE, ("sglang::*",), ("sglang.launch_server", "sglang.srt"),
-           ("sglang", "sgl_kernel"), (30000,)),
+           ("sglang", "sgl_kernel"), (30000,), "sglang"),
     Engine("TGI", INFERENCE, ("text-generation-launcher", "text-generation-server"),
            ("text_generation_server",), ("text_generation_server",), (80, 3000, 9000), "tgi"),
     Engine("Triton", INFERENCE, ("tritonserver",), ("tritonserver",), ("tritonserver",), (8002,), "triton"),

@@ -4,6 +4,8 @@ Names are the engines' own, as documented and as seen in the real captures under
 - vLLM (V0 and V1 names; colon-prefixed `vllm:`): request, TTFT and inter-token histograms in seconds;
 - Hugging Face TGI (`tgi_`): request duration and per-token histograms in seconds, token counts as
   histograms whose `_sum` is the running total; no TTFT metric;
+- SGLang (`sglang:`): request counter, end-to-end, TTFT and inter-token histograms in seconds (its
+  production-metrics docs; no capture in shared/data, so only the mapping is tested);
 - NVIDIA Triton (`nv_inference_`): cumulative microsecond counters (mean latency only), an optional
   `_summary_us` summary with quantiles, and, for decoupled (streaming) models, a first-response histogram
   in milliseconds.
@@ -55,6 +57,14 @@ ENGINES: dict[str, EngineMetrics] = {
         itl_hist=("tgi_request_mean_time_per_token_duration",),
         gen_tokens_hist="tgi_request_generated_tokens", prompt_tokens_hist="tgi_request_input_length",
         running="tgi_batch_current_size", waiting="tgi_queue_size", model_label=""),
+    # SGLang (`sglang:`, with --enable-metrics): names from its production-metrics docs, seconds throughout.
+    "sglang": EngineMetrics(
+        "sglang", "sglang:", requests=("sglang:num_requests",),
+        latency_hist=("sglang:e2e_request_latency_seconds",),
+        ttft_hist=("sglang:time_to_first_token_seconds",),
+        itl_hist=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        gen_tokens="sglang:generation_tokens", prompt_tokens="sglang:prompt_tokens",
+        running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs", kv_cache=("sglang:token_usage",)),
     "triton": EngineMetrics(
         "triton", "nv_inference_", requests=("nv_inference_request_success",),
         ttft_hist=("nv_inference_first_response_histogram_ms",), ttft_scale=1e-3,

@@ -59,5 +59,5 @@ class Poller:
         prev = self.first if self.first is not self.last else None
         kpis = server_kpis(self.last, prev)
         if not kpis:
-            self.notes.append(f"{self.url}: no vLLM, TGI or Triton metrics in the scrape")
+            self.notes.append(f"{self.url}: no vLLM, TGI, SGLang or Triton metrics in the scrape")
         return kpis
