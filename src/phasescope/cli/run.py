@@ -242,8 +242,8 @@ def run_command(cmd: list[str], events_dir: Path, flush_s: float) -> tuple[int, 
 @click.option("--idle-gap", type=Duration(), default=10.0, show_default=True,
               help="A pause longer than this (e.g. 10s) between forwards is an idle segment.")
 @click.option("--scrape", "scrape_urls", multiple=True, metavar="URL",
-              help="Also scrape this vLLM / TGI / SGLang / Triton /metrics endpoint while the command runs and "
-                   "report its inference KPIs over that time (repeatable).")
+              help="Also scrape this vLLM / TGI / SGLang / Triton /metrics endpoint while the command runs "
+                   "and report its inference KPIs over that time (repeatable).")
 @click.option("--scrape-interval", type=Duration(0.1, 3600, min_open=False), default=5.0, show_default=True,
               help="Time between scrapes of --scrape endpoints, e.g. 5s.")
 @click.option("--quiet", is_flag=True, help="Do not print the summary.")
