@@ -131,11 +131,23 @@ def test_duplicate_uuids_stay_distinct_devices(real: list[Trace]) -> None:
 
 def test_a_tick_maps_back_to_the_recordings_own_clock(real: list[Trace]) -> None:
     """Views show a replay's own time, not wall time running `speed` times faster (issue 22 item 4)."""
+    anchor = float(real[0].meta.get("utc_offset") or 0.0)  # the raw clock's tie to UTC (next test)
     src, clock = _source(real, speed=10.0)
     clock.now += 6.0  # 60 recorded seconds in
     batch = src.read()
-    assert src.trace_time(batch.time) == pytest.approx(src.t0 + 60.0)
-    assert batch.time + src.clock_offset_s == pytest.approx(src.t0 + 60.0)
+    assert src.trace_time(batch.time) == pytest.approx(src.t0 + anchor + 60.0)
+    assert batch.time + src.clock_offset_s == pytest.approx(src.t0 + anchor + 60.0)
     looped, lclock = _source(real, speed=10.0, loop=True)
     lclock.now += (looped.period + 60.0) / 10.0  # one whole pass, then 60 s into the next
-    assert looped.trace_time(looped.read().time) == pytest.approx(looped.t0 + 60.0)
+    assert looped.trace_time(looped.read().time) == pytest.approx(looped.t0 + anchor + 60.0)
+
+
+def test_a_raw_clock_maps_through_the_logs_utc_anchor(real: list[Trace]) -> None:
+    """SensorGuard keeps a raw monotonic clock (~16,000 s: 1970 as a date) tied to UTC in meta: the replay's
+    clock is the recording's Unix time."""
+    offset = real[0].meta.get("utc_offset")
+    assert isinstance(offset, float) and offset > 1e9  # the file has its anchor
+    src, clock = _source(real, speed=10.0)
+    clock.now += 6.0
+    assert src.trace_time(src.read().time) == pytest.approx(src.t0 + offset + 60.0)
+    assert src.t0 + offset > 1.7e9  # 2023 or later: a real date

@@ -95,6 +95,11 @@ class ReplaySource:
         self.period = self.t_end - self.t0 + self.native_interval_s
         self._start_mono = clock()
         self._start_wall = float(wall_clock())
+        # A log on a raw monotonic clock (SensorGuard) ties it to UTC in meta["utc_offset"]: what a view shows
+        # is the recording's Unix time, not 1970 plus the host's uptime. Only an anchor all traces share.
+        anchors = {t.meta.get("utc_offset") for t in traces}
+        anchor = anchors.pop() if len(anchors) == 1 else None
+        self._utc = float(anchor) if isinstance(anchor, int | float) and np.isfinite(anchor) else 0.0
         self.exhausted = False
         self._announced = False
 
@@ -124,15 +129,15 @@ class ReplaySource:
 
     @property
     def clock_offset_s(self) -> float:
-        """Add to a tick's time for the recording's own clock (what a view shows: the trace's time, not wall
-        time running `speed` times faster). Exact for the first pass; a loop's later passes run on past the
-        recording's end on the same clock."""
-        return self.t0 - self._start_wall
+        """Add to a tick's time for the recording's own clock in Unix seconds (what a view shows: the trace's
+        time, not wall time running `speed` times faster; a raw clock through the log's UTC anchor). Exact
+        for the first pass; a loop's later passes run on past the recording's end on the same clock."""
+        return self.t0 + self._utc - self._start_wall
 
     def trace_time(self, stamp: float) -> float:
         """The recording's own time at a tick stamped `stamp` (inside the loop's pass it belongs to)."""
         elapsed = stamp - self._start_wall
-        return self.t0 + (elapsed % self.period if self.loop else elapsed)
+        return self.t0 + self._utc + (elapsed % self.period if self.loop else elapsed)
 
     def recorded_elapsed(self) -> float:
         """Recorded seconds played since the start (keeps growing across loops)."""
