@@ -32,15 +32,21 @@ MAX_POINTS = 4000  # per plotted line; longer series keep each bucket's min and 
 WEBGL_MAX_FIGURES = 4
 GIB = 1024.0**3
 
-# (signal(s), axis title, scale to the plotted unit)
-_PANELS: tuple[tuple[tuple[str, ...], str, float], ...] = (
-    (("gpu_util", "mem_util"), "util %", 100.0),
-    (("power",), "power W", 1.0),
-    (("mem_used",), "memory GiB", 1.0 / GIB),
-    (("temperature",), "temp °C", 1.0),
-    (("sm_clock", "mem_clock"), "clock MHz", 1e-6),
-    (("pcie_rx", "pcie_tx"), "PCIe MB/s", 1e-6),
+# (signals with their legend names, axis title with its unit, scale to the plotted unit). Each line has
+# its own colour, so a two-line panel's legend says which is which.
+_PANELS: tuple[tuple[tuple[tuple[str, str], ...], str, float], ...] = (
+    ((("gpu_util", "GPU util"), ("mem_util", "memory util")), "utilisation (%)", 100.0),
+    ((("power", "power"),), "power (W)", 1.0),
+    ((("mem_used", "memory used"),), "memory (GiB)", 1.0 / GIB),
+    ((("temperature", "temperature"),), "temperature (°C)", 1.0),
+    ((("sm_clock", "SM clock"), ("mem_clock", "memory clock")), "clock (MHz)", 1e-6),
+    ((("pcie_rx", "PCIe rx"), ("pcie_tx", "PCIe tx")), "PCIe (MB/s)", 1e-6),
 )
+_LINE = {"gpu_util": ("#0072b2", "solid"), "mem_util": ("#d55e00", "dot"), "power": ("#e69f00", "solid"),
+         "mem_used": ("#009e73", "solid"), "temperature": ("#cc3311", "solid"),
+         "sm_clock": ("#0072b2", "solid"), "mem_clock": ("#d55e00", "dot"),
+         "pcie_rx": ("#0072b2", "solid"), "pcie_tx": ("#d55e00", "dot")}
+PANEL_PX = 160  # a panel's height; the figure's is the panels' plus its legend and axis
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em 2em;color:#222;max-width:1400px}
@@ -52,6 +58,8 @@ th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums
 .badge{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;font-size:.9em}
 .legend span{margin-right:1em} .note{color:#8a5a00} .ev{font-family:ui-monospace,monospace;font-size:.88em}
 .pos{color:#176b2c} .neg{color:#a11}
+.plot{width:100%;overflow-x:auto}
+@media (max-width:700px){body{margin:.8em .6em} table{display:block;overflow-x:auto} h1{font-size:1.5em}}
 """
 
 
@@ -119,59 +127,131 @@ def decimate(
     return time_s[idx], values[idx]
 
 
-def _x(times: Any, wall: bool) -> Any:
+def _unix_offset(trace: Trace) -> float | None:
+    """What to add to the trace's clock for Unix time: 0 when it is Unix time already, the log's own UTC
+    anchor (`utc_offset`, e.g. a monotonic clock tied to UTC) otherwise; None where neither holds."""
+    if len(trace) and float(np.nanmin(trace.time)) > 1e8:
+        return 0.0
+    off = trace.meta.get("utc_offset")
+    return float(off) if isinstance(off, int | float) and math.isfinite(off) else None
+
+
+def _x(times: Any, offset: float | None) -> Any:
+    """Plotted times: dates where the trace's clock maps to UTC, else seconds on its own clock."""
     t = np.asarray(times, dtype=np.float64)
-    if not wall:
+    if offset is None:
         return t
-    return (t * 1000.0).astype("datetime64[ms]")
+    return ((t + offset) * 1000.0).astype("datetime64[ms]")
 
 
-def _figure(d: DeviceReport, webgl: bool = True) -> Any:
+def _nice_top(peak: float, step: float) -> float:
+    """`peak` rounded up to a whole `step` (at least one step): an axis top with round ticks."""
+    return step * max(1.0, math.ceil(peak / step)) if math.isfinite(peak) else step
+
+
+def _peak(trace: Trace, sig: str) -> float:
+    v = trace[sig] if trace.has(sig) else np.array([np.nan])
+    return float(np.nanmax(v)) if np.isfinite(v).any() else math.nan
+
+
+def _y_range(trace: Trace, sigs: Sequence[str], scale: float) -> list[float] | None:
+    """The axis range from the signal's physical range, not from the data's spread, so a 35 W idle stays
+    low: 0-100 % for ratios, 0 to the power limit (or the peak, rounded up, where the log has no limit),
+    0 to the memory size; None lets the axis fit the data from 0 (clocks, PCIe, temperature)."""
+    if sigs[0] in ("gpu_util", "mem_util"):
+        return [0.0, 100.0]
+    if sigs[0] == "power":
+        limit = _peak(trace, "power_limit")
+        return [0.0, limit if math.isfinite(limit) else _nice_top(_peak(trace, "power"), 100.0)]
+    if sigs[0] == "mem_used":
+        total = _peak(trace, "mem_total")
+        return [0.0, (total if math.isfinite(total) else _nice_top(_peak(trace, "mem_used"), GIB)) * scale]
+    return None
+
+
+def _figure(d: DeviceReport, webgl: bool = True, x_range: tuple[Any, Any] | None = None) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     trace: Trace = d.trace
-    panels = [(sigs, title, scale) for sigs, title, scale in _PANELS if any(trace.has(s) for s in sigs)]
-    with_proba = d.pred is not None and len(d.pred.labels) > 0
+    panels = [(sigs, title, scale) for sigs, title, scale in _PANELS if any(trace.has(s) for s, _ in sigs)]
+    # A probability line needs two windows at least; one is a dot, drawn as an empty panel before.
+    with_proba = d.pred is not None and len(d.pred.labels) >= 2
     rows = len(panels) + (1 if with_proba else 0)
     if rows == 0:
         return None
-    wall = len(trace) > 0 and float(np.nanmin(trace.time)) > 1e8  # Unix time, else the log's own clock
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.02)
+    offset = _unix_offset(trace)
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.03)
+    line = go.Scattergl if webgl else go.Scatter
     for r, (sigs, title, scale) in enumerate(panels, start=1):
-        for sig in sigs:
+        for sig, name in sigs:
             if not trace.has(sig):
                 continue
             t, v = decimate(trace.time, trace[sig] * scale)
-            line = go.Scattergl if webgl else go.Scatter
-            fig.add_trace(line(x=_x(t, wall), y=v, name=sig, mode="lines", showlegend=False,
-                               line={"width": 1}, hovertemplate=f"{sig} %{{y:.3g}}<extra></extra>"),
-                          row=r, col=1)
-        fig.update_yaxes(title_text=title, row=r, col=1, title_font={"size": 11})
+            colour, dash = _LINE[sig]
+            fig.add_trace(line(x=_x(t, offset), y=v, name=name, mode="lines",
+                               line={"width": 1.2, "color": colour, "dash": dash},
+                               hovertemplate=f"{name} %{{y:.3g}}<extra></extra>"), row=r, col=1)
+        fig.update_yaxes(title_text=title, row=r, col=1, title_font={"size": 11},
+                         range=_y_range(trace, [s for s, _ in sigs], scale), rangemode="tozero")
     if with_proba:
         pred: Any = d.pred
         centre = (np.asarray(pred.start) + np.asarray(pred.end)) / 2.0
         proba = np.asarray(pred.proba, dtype=np.float64)
         for i, ph in enumerate(PHASES):
-            fig.add_trace(go.Scatter(x=_x(centre, wall), y=proba[:, i], name=f"P({ph})", mode="lines",
+            fig.add_trace(go.Scatter(x=_x(centre, offset), y=proba[:, i] * 100.0, name=f"P({ph})",
+                                     mode="lines",
                                      line={"color": look(ph).fill, "width": 1.5}), row=rows, col=1)
-        fig.update_yaxes(title_text="P(phase)", range=[0, 1.02], row=rows, col=1, title_font={"size": 11})
+        fig.update_yaxes(title_text="P(phase) (%)", range=[0, 100], row=rows, col=1, title_font={"size": 11})
     for s in d.segments:
-        x0, x1 = _x([s.start, s.end], wall)
+        x0, x1 = _x([s.start, s.end], offset)
         fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, line_width=0,
                       fillcolor=look(s.label).fill, opacity=0.16, layer="below")
-    fig.update_layout(height=120 * rows + 90, margin={"l": 60, "r": 20, "t": 20, "b": 30},
-                      template="plotly_white", legend={"orientation": "h", "y": 1.02, "x": 0})
+    xt = "time (UTC)" if offset is not None else "time (s, the log's own clock)"
+    fig.update_xaxes(title_text=xt, row=rows, col=1, title_font={"size": 11})
+    if offset is not None:
+        fig.update_xaxes(type="date")
+    if x_range is not None:
+        fig.update_xaxes(range=list(x_range))
+    # The legend sits above the panels (y > 1), never over a line; plotly grows the top margin to fit it.
+    fig.update_layout(height=PANEL_PX * rows + 170, margin={"l": 60, "r": 20, "t": 30, "b": 40},
+                      template="plotly_white", legend={"orientation": "h", "x": 0, "y": 1.0,
+                                                       "yanchor": "bottom", "font": {"size": 11}})
     return fig
 
 
-def _figure_html(d: DeviceReport, div_id: str, webgl: bool = True) -> str:
-    fig = _figure(d, webgl)
+def _x_ranges(data: ReportData) -> list[tuple[Any, Any] | None]:
+    """One time range for the devices of one file plotted in UTC, so their timelines line up (files of
+    other runs keep their own, or a week apart would squash both); None where the clock is not UTC."""
+    spans: list[tuple[float, float] | None] = []
+    for d in data.devices:
+        off = _unix_offset(d.trace)
+        spans.append((float(np.nanmin(d.trace.time)) + off, float(np.nanmax(d.trace.time)) + off)
+                     if off is not None and len(d.trace) else None)
+    out: list[tuple[Any, Any] | None] = []
+    for d, span in zip(data.devices, spans, strict=True):
+        same = [s for e, s in zip(data.devices, spans, strict=True) if s is not None and e.path == d.path]
+        if span is None:
+            out.append(None)
+            continue
+        lo, hi = _x([min(a for a, _ in same), max(b for _, b in same)], 0.0).astype(str).tolist()
+        out.append((lo, hi))
+    return out
+
+
+def _figure_html(d: DeviceReport, div_id: str, webgl: bool = True,
+                 x_range: tuple[Any, Any] | None = None) -> str:
+    fig = _figure(d, webgl, x_range)
     if fig is None:
         return "<p class='note'>No plottable signal in this trace.</p>"
+    short = ""
+    if d.pred is not None and len(d.pred.labels) < 2:
+        short = (f"<p class='note' data-testid='too-short'>Too short to classify over time: "
+                 f"{len(d.pred.labels)} classifier window(s) in {_e(fmt_seconds(d.trace.duration()))}, so no "
+                 f"probability timeline.</p>")
     out: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                            config={"displaylogo": False, "responsive": True})
-    return out
+    return short + f"<div class='plot'>{out}</div>"
 
 
 # --------------------------------------------------------------------------- sections
@@ -352,6 +432,7 @@ def render(data: ReportData) -> str:
     parts.append("<h3>Energy and cost per phase, all devices</h3>")
     parts.append(_phase_totals(data))
     parts.append(_hooks(data))
+    x_ranges = _x_ranges(data)
     for i, d in enumerate(data.devices):
         parts.append(f"<h2 id='dev{i}'>{_e(d.title)} {badge(d.label)}</h2>")
         parts.append(f"<p class='meta'>{_e(d.path)} · {_e(d.trace.meta.get('format', ''))}</p>")
@@ -363,7 +444,8 @@ def render(data: ReportData) -> str:
         parts.append(_phase_table(d))
         parts.append("<h3>Timeline</h3><p class='meta'>Bands are the phase segments; the bottom panel is the "
                      "model's probability per window.</p>")
-        parts.append(_figure_html(d, f"fig{i}", webgl=len(data.devices) <= WEBGL_MAX_FIGURES))
+        parts.append(_figure_html(d, f"fig{i}", webgl=len(data.devices) <= WEBGL_MAX_FIGURES,
+                                  x_range=x_ranges[i]))
         parts.append("<h3>Segments and the evidence for them</h3>")
         parts.append(_evidence(d))
     parts.append(

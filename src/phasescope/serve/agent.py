@@ -297,6 +297,8 @@ class Agent:
             "max_late_s": _num(self.sampler.stats.max_late_s),
             "interval_s": self.interval_s,
             "time": _num(self.state.last_tick_time, 3),
+            # Add to every time here for the one to show: a replay's own clock (the trace's), 0 when live.
+            "clock_offset_s": _num(self._clock_offset_s(), 3),
             "status": status_line(self.state),
             "model_version": self.classifier.model.version,
             "phases": list(PHASES),
@@ -304,6 +306,14 @@ class Agent:
             "idle_held": idle_held,
             "totals": {k: {kk: _num(vv, 4) for kk, vv in v.items()} for k, v in sorted(totals.items())},
         }
+
+    def _clock_offset_s(self) -> float:
+        """The live state's clock offset (the tick loop keeps it per pass of a looping replay); the source's
+        own where the state keeps none; 0 for a live source."""
+        kept = getattr(self.state, "clock_offset_s", None)
+        if kept:
+            return float(kept)
+        return float(getattr(self.source, "clock_offset_s", 0.0))
 
     def _phase_doc(
         self, info: DeviceInfo, reading: PhaseReading | None, host_phases: dict[str, str]

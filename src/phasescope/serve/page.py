@@ -7,6 +7,10 @@ Each update carries only the chart points newer than the last one the page holds
 point itself, and gets it back as Last-Event-ID on a reconnect; a poll sends `?since=`), the current state
 and the phase bands, not the whole history again. Phase names and colours are views/palette.py's, handed
 to the script as JSON (`CONFIG.palette`), so the page keeps no colour table of its own.
+
+Times are plotted and printed with /api/state's `clock_offset_s` added (a replay's own clock). The axes are
+fixed by the signals' physical ranges (0-100 %, 0 to the power limit), every device shares one time range,
+and the legend sits above the plot; below 900 and 600 px the layout folds to one column.
 """
 
 from __future__ import annotations
@@ -52,8 +56,21 @@ __FAVICON__
  .held { color: __HELD__; font-weight: 600; }
  .alarm { display: inline-block; padding: 2px 10px; border-radius: 10px; background: #c0392b; color: #fff; font-weight: 600; }
  .alarm:empty { display: none; }
- .chart { height: 300px; }
+ .chart { height: 300px; min-width: 0; }
  .cols { display: grid; grid-template-columns: minmax(0, 3fr) minmax(260px, 1fr); gap: 12px; }
+ .device-head .muted { overflow-wrap: anywhere; }
+ /* Tablets and phones: one column, a header that wraps, charts that keep a readable height. */
+ @media (max-width: 900px) {
+  .cols { grid-template-columns: minmax(0, 1fr); }
+ }
+ @media (max-width: 600px) {
+  header { flex-wrap: wrap; gap: 6px 12px; padding: 8px 12px; }
+  #status { flex-basis: 100%; order: 3; overflow-wrap: anywhere; }
+  main { padding: 10px 8px; gap: 10px; }
+  section.panel { padding: 10px; }
+  .chart { height: 260px; }
+  table { display: block; overflow-x: auto; max-width: 100%; }
+ }
 </style>
 </head>
 <body>
@@ -72,6 +89,8 @@ const PALETTE = CONFIG.palette;  // views/palette.py: label -> {name, fill, ink}
 const hist = {};       // uuid -> {t: [...], <signal>: [...], bands: [...]}
 const cards = {};      // uuid -> DOM elements of its card
 let since = null;
+let OFFSET = 0;        // /api/state's clock_offset_s: a replay's times on the trace's own clock, 0 when live
+const when = t => new Date((t + OFFSET) * 1000);  // a data-clock time as the date to plot or print
 
 function fmt(v, unit, digits) {
   if (v === null || v === undefined) return "–";
@@ -128,7 +147,7 @@ function card(dev) {
     <tbody></tbody></table><div class="muted method"></div></div></div>`;
   document.getElementById("devices").appendChild(el);
   cards[dev.uuid] = {
-    el, badge: el.querySelector(".badge"), alarm: el.querySelector(".alarm"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
+    el, limit: null, badge: el.querySelector(".badge"), alarm: el.querySelector(".alarm"), conf: el.querySelector(".conf"), since: el.querySelector(".since"),
     held: el.querySelector(".held"), kpis: el.querySelector(".kpis"), chart: el.querySelector(".chart"),
     hook: el.querySelector(".hook-kpis"), telemetry: el.querySelector(".telemetry-kpis"),
     evidence: el.querySelector(".evidence"),
@@ -148,7 +167,7 @@ function drawDevice(dev, now) {
   // The onset alarm fires before the badge turns to training; alarm_at is on the data clock, like now.
   const al = dev.phase && dev.phase.training_alarm ? dev.phase.alarm_at : undefined;
   c.alarm.textContent = al === undefined ? "" : "⚑ training started"
-    + (al === null ? "" : " " + new Date(al * 1000).toLocaleTimeString() + (now !== null ? " (" + dur(Math.max(0, now - al)) + " ago)" : ""));
+    + (al === null ? "" : " " + when(al).toLocaleTimeString() + (now !== null ? " (" + dur(Math.max(0, now - al)) + " ago)" : ""));
   // Hooks report the phase exactly (no confidence); the classifier's may be held from an older window.
   const held = dev.phase && dev.phase.held ? " (held)" : "";
   c.conf.textContent = !dev.phase ? (dev.host_device ? "no phase: hooks only (the classifier reads GPUs)" : "")
@@ -157,6 +176,7 @@ function drawDevice(dev, now) {
   c.since.textContent = dev.phase && dev.phase.since !== null && now !== null ? "for " + dur(now - dev.phase.since) : "";
   c.held.textContent = dev.lost ? "NO DATA" : (dev.idle_held ? PALETTE.held_idle.name : "");
   const v = dev.latest;
+  c.limit = v.power_limit === undefined ? null : v.power_limit;
   const kpis = [
     ["util", fmt(v.gpu_util === undefined ? null : v.gpu_util * 100, " %")],
     ["mem util", fmt(v.mem_util === undefined ? null : v.mem_util * 100, " %")],
@@ -203,28 +223,55 @@ function merge(uuid, h) {
   cur.bands = h.bands;
 }
 
-function plot(uuid) {
+// The power axis runs from 0 to the board's power limit (a signal), so an idle 35 W sits low instead of
+// filling the axis; without a limit, to the peak rounded up to 100 W. null: no power reading at all.
+function powerRange(h, limit) {
+  const peak = (h.power || []).reduce((m, v) => v === null ? m : Math.max(m, v), -Infinity);
+  if (limit !== null && limit > 0) return [0, limit];
+  return peak === -Infinity ? null : [0, Math.max(1, Math.ceil(peak / 100)) * 100];
+}
+
+// One time range for every device, so their charts line up.
+function timeRange() {
+  let lo = Infinity, hi = -Infinity;
+  for (const h of Object.values(hist)) {
+    if (h.t.length) { lo = Math.min(lo, h.t[0]); hi = Math.max(hi, h.t[h.t.length - 1]); }
+  }
+  return lo <= hi ? [when(lo), when(hi)] : undefined;
+}
+
+function plot(uuid, xrange) {
   const h = hist[uuid];
   const c = cards[uuid];
   if (!h || !c) return;
-  const x = h.t.map(t => new Date(t * 1000));
+  const x = h.t.map(when);
   const pct = a => a.map(v => v === null ? null : v * 100);
+  const power = powerRange(h, c.limit);
   const traces = [
-    {x, y: pct(h.gpu_util), name: "util %", mode: "lines", line: {color: "#1d2733"}},
-    {x, y: pct(h.mem_util), name: "mem util %", mode: "lines", line: {color: "#16a085", dash: "dot"}},
-    {x, y: h.power, name: "power W", mode: "lines", yaxis: "y2", line: {color: "#e67e22"}},
+    {x, y: pct(h.gpu_util), name: "util", mode: "lines", line: {color: "#1d2733"}},
+    {x, y: pct(h.mem_util), name: "mem util", mode: "lines", line: {color: "#16a085", dash: "dot"}},
   ];
+  if (power) traces.push({x, y: h.power, name: "power", mode: "lines", yaxis: "y2", line: {color: "#e67e22"}});
   const shapes = h.bands.map(([a, b, p]) => ({
-    type: "rect", xref: "x", yref: "paper", x0: new Date(a * 1000), x1: new Date(b * 1000), y0: 0, y1: 1,
+    type: "rect", xref: "x", yref: "paper", x0: when(a), x1: when(b), y0: 0, y1: 1,
     fillcolor: look(p).fill, opacity: 0.18, line: {width: 0}, layer: "below",
   }));
   const layout = {
-    margin: {l: 40, r: 50, t: 10, b: 30}, showlegend: true, legend: {orientation: "h", y: 1.12},
-    yaxis: {title: "%", range: [0, 105]}, yaxis2: {title: "W", overlaying: "y", side: "right", rangemode: "tozero"},
+    // The legend sits above the plot (y > 1), never over a line.
+    margin: {l: 50, r: 55, t: 30, b: 30}, showlegend: true,
+    legend: {orientation: "h", x: 0, y: 1.02, yanchor: "bottom"},
+    xaxis: {type: "date", range: xrange},
+    yaxis: {title: {text: "utilisation (%)"}, range: [0, 100], fixedrange: true},
+    yaxis2: power ? {title: {text: "power (W)"}, overlaying: "y", side: "right", range: power, fixedrange: true,
+                     showgrid: false}
+      : {overlaying: "y", side: "right", visible: false},
+    annotations: power ? [] : [{text: "no power reading", xref: "paper", yref: "paper", x: 1, y: 1,
+                                xanchor: "right", yanchor: "top", showarrow: false, font: {color: "#667"}}],
     shapes, uirevision: uuid,
   };
   Plotly.react(c.chart, traces, layout, {displayModeBar: false, responsive: true});
   c.chart.dataset.points = String(h.t.length);
+  c.chart.dataset.power = power ? "reading" : "none";
 }
 
 function drawTotals(s) {
@@ -247,12 +294,14 @@ function apply(body) {
   const up = document.getElementById("up");
   up.textContent = s.up ? "source up" : (s.exhausted ? "replay ended" : "source down");
   up.className = s.up ? "on" : "";
+  OFFSET = s.clock_offset_s || 0;
   for (const dev of s.devices) drawDevice(dev, s.time);
   for (const [uuid, h] of Object.entries(body.history)) {
     merge(uuid, h);
     if (h.t.length) since = Math.max(since === null ? -Infinity : since, h.t[h.t.length - 1]);
-    plot(uuid);
   }
+  const xrange = timeRange();
+  for (const uuid of Object.keys(body.history)) plot(uuid, xrange);
   drawTotals(s);
   document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
 }
