@@ -108,7 +108,7 @@ def test_demo_runs_two_real_workloads_and_leaves_none(tmp_path: Path) -> None:
     assert "demo prices: $2.50/device-hour" in out
     # A workload row with its hook KPIs also has the phase its hooks report, marked as such.
     for pid, kpi, phase in ((train, "samp/s", "training (hooks)"), (infer, "req/s", "inference (hooks)")):
-        reported = [ln for ln in rows[pid] if kpi in _cell(ln, 2)]
+        reported = [ln for ln in rows[pid] if kpi in _cell(ln, COLUMN_KEYS.index("kpi"))]
         assert all(_cell(ln, 1) == phase for ln in reported), reported[-1:]
 
 

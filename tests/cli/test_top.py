@@ -30,7 +30,9 @@ def test_once_on_a_replayed_training_run(shared_data: Path, capsys: pytest.Captu
     for line in lines:
         assert f"/ {MISSING}" in line  # no memory total / power limit in this log
         assert re.search(r"│ \d+%\s+│", line)  # utilisation is present
-    assert "replay · 2 device(s) · tick 2" in out
+    # A replay shows its speed and the trace's own time (a date, or a log's own clock), not the wall's.
+    at = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|t=\d+s)"
+    assert re.search(rf"replay 20× · {at} \(trace time\) · 2 device\(s\) · tick 2", out), out[-500:]
 
 
 @pytest.mark.parametrize("flag", [None, "--no-alarm"])
@@ -406,8 +408,9 @@ def test_once_in_an_80_column_terminal_keeps_the_phase_readable(
     shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """In a terminal, rich squeezed all 13 columns into 80: the phase shrank to nothing and each device
-    name to "#0 A…". The table now drops its sparklines, PCIe, clocks, temperature and KPI columns (and
-    says so) and wraps what is left, so the device, its phase, memory, power and energy stay readable."""
+    name to "#0 A…". The table now drops columns in reverse priority (sparklines, PCIe, clocks, temperature,
+    KPIs, energy; and says so) and wraps what is left, so the device, its phase, memory and power stay
+    readable."""
     from phasescope.cli import top as top_module
 
     monkeypatch.setattr(top_module, "plain_console_width", lambda: 0)  # as on a terminal

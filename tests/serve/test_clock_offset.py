@@ -20,9 +20,10 @@ def test_a_replay_hands_its_offset_and_a_live_source_zero(shared_data: Path) -> 
     src = ReplaySource(traces, wall_clock=lambda: WALL)
     model = PhaseModel.load()
     snap = Agent(src, 1.0, classifier=LiveClassifier(model)).snapshot()
-    assert snap["clock_offset_s"] == round(src.t0 - WALL, 3) != 0
-    # A tick stamped at the replay's start is the recording's first moment once the offset is added.
-    assert abs(WALL + snap["clock_offset_s"] - float(min(t.time[0] for t in traces))) < 2
+    anchor = float(traces[0].meta.get("utc_offset") or 0.0)  # a raw clock's tie to UTC, where the log has one
+    assert snap["clock_offset_s"] == round(src.t0 + anchor - WALL, 3) != 0
+    # A tick stamped at the replay's start is the recording's first moment (in Unix time) once it is added.
+    assert abs(WALL + snap["clock_offset_s"] - float(min(t.time[0] for t in traces)) - anchor) < 2
     host = HostSource()
     try:
         assert Agent(host, 1.0, classifier=LiveClassifier(model)).snapshot()["clock_offset_s"] == 0

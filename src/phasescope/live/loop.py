@@ -72,6 +72,11 @@ class TickLoop:
             self.exhausted = True
             self.stop_event.set()
             return
+        trace_time = getattr(self.source, "trace_time", None)
+        if trace_time is not None:  # a replay: the views show its own clock, not wall time at its speed
+            offset = trace_time(batch.time) - batch.time  # per tick: a loop's next pass starts it over
+            if abs(offset - state.clock_offset_s) > 1e-3:
+                state.set_clock(offset, getattr(self.source, "speed", 1.0))
         state.ingest(batch, self.source.error_counts(), meter=self._meter)
         for sink in list(self.sinks):
             try:

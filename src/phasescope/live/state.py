@@ -204,6 +204,9 @@ class LiveSnapshot:
     prices: dict[str, Prices]  # per uuid of `energy` and `devices`
     price_note: str
     host_mem_total: float
+    # A replay's own clock at the newest tick (its trace time), and its speed; NaN and 1 for a live source
+    trace_time: float = math.nan
+    speed: float = 1.0
 
 
 class LiveState:
@@ -248,6 +251,16 @@ class LiveState:
         # may a view signal them. Off for a replay or anything else that reports PIDs from elsewhere.
         self.local_processes = False
         self.host_mem_total = math.nan  # bytes of host RAM: a process's %MEM is its RSS over this
+        # Add to a tick's time for the source's own clock (a replay's trace time; the tick loop sets it,
+        # `set_clock`); 0 and speed 1 for a live source, whose ticks are on the wall clock.
+        self.clock_offset_s = 0.0
+        self.clock_speed = 1.0
+
+    def set_clock(self, offset_s: float, speed: float = 1.0) -> None:
+        """The source's clock: its time is a tick's time + `offset_s`, running `speed` times the wall's."""
+        with self._lock:
+            self.clock_offset_s, self.clock_speed = float(offset_s), float(speed)
+            self.version += 1
 
     def set_local_processes(self, local: bool, host_mem_total: float = math.nan) -> None:
         """Say whether the source's processes run on this host (the tick loop does, from the source's
@@ -556,7 +569,9 @@ class LiveState:
             return LiveSnapshot(
                 self.source_name, self.ticks, time.monotonic() - self._last_tick_mono, devices,
                 [self._process_snapshot(p) for p in self._orphans], dict(self._errors), list(self._events),
-                list(self._energy.values()), prices, self.price_note, self.host_mem_total)
+                list(self._energy.values()), prices, self.price_note, self.host_mem_total,
+                self.last_tick_time + self.clock_offset_s if self.clock_offset_s else math.nan,
+                self.clock_speed)
 
     def _device_snapshot(self, dev: DeviceState, prices: Prices) -> DeviceSnapshot:
         dark = dev.lost or _went_dark(dev)

@@ -29,6 +29,7 @@ from phasescope.live.state import (
     phase_from_hooks,
 )
 from phasescope.schema import PHASES, ProcessSample
+from phasescope.verify.audit import WALL_CLOCK_FROM
 from phasescope.views import kpis as telemetry
 from phasescope.views.display import (
     MISSING,
@@ -64,15 +65,17 @@ class Column:
     title: str
 
 
+# In order of priority (as nvitop at 80-120 columns): a terminal too narrow for all shows ESSENTIAL and then
+# as many of the others as fit, in this order; Notes (NO DATA, IDLE·HELD, MIG) is last and always shown.
 COLUMNS: tuple[Column, ...] = (
     Column("name", "Device / process"),
     Column("phase", "Phase"),
+    Column("util", "Util"),
+    Column("mem", "Mem used / total"),
+    Column("power", "Power / cap"),
+    Column("energy", "Energy · cost"),
     Column("kpi", "Phase KPIs"),
     Column("rhythm", "Telemetry KPIs"),
-    Column("util", "Util"),
-    Column("mem", "Memory used / total"),
-    Column("power", "Power / limit"),
-    Column("energy", "Energy · cost"),
     Column("temp", "Temp"),
     Column("clocks", "SM / mem clock"),
     Column("pcie", "PCIe rx / tx"),
@@ -81,6 +84,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("info", "Notes"),
 )
 COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+ESSENTIAL: frozenset[str] = frozenset({"name", "phase", "util", "mem", "power", "info"})
 # What `s` cycles through: "order" is the source's own device order.
 SORT_KEYS: tuple[str, ...] = ("order", "phase", "util", "mem", "power", "temp", "name")
 
@@ -131,10 +135,17 @@ def rows(state: LiveState | LiveSnapshot, sort: str = "order", filter_text: str 
 
 
 def status_line(state: LiveState | LiveSnapshot) -> str:
-    """The one line under the table: source, devices, ticks and their age, failed reads, NO DATA and
-    IDLE·HELD devices, energy and cost so far, the price note and the newest event."""
+    """The one line under the table: source (a replay's speed and trace time), devices, ticks and their age,
+    failed reads, NO DATA and IDLE·HELD devices, energy and cost so far, the price note and the newest
+    event."""
     snap = _snap(state)
-    parts = [snap.source_name or "source", f"{len(snap.devices)} device(s)", f"tick {snap.ticks}"]
+    source = snap.source_name or "source"
+    if math.isfinite(snap.trace_time):  # a replay: its own clock, not wall time running `speed` times faster
+        t = snap.trace_time
+        # A log on its own clock (uptime seconds) is shown as such, not as a time in January 1970.
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t >= WALL_CLOCK_FROM else f"t={t:.0f}s"
+        source = f"{source} {snap.speed:g}× · {at} (trace time)"
+    parts = [source, f"{len(snap.devices)} device(s)", f"tick {snap.ticks}"]
     if snap.ticks:
         parts.append(f"last {snap.since_tick_s:.0f}s ago")
     else:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from itertools import accumulate
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static
@@ -23,53 +24,96 @@ from phasescope.live.state import LiveSnapshot, LiveState
 from phasescope.sources.host import signal_process
 from phasescope.views.display import MISSING, ellipsize, printable
 from phasescope.views.palette import HELD_IDLE, PALETTE, look
-from phasescope.views.table import COLUMNS, IDLE_HELD, SORT_KEYS, Row, process_detail, status_line
+from phasescope.views.table import (
+    COLUMN_KEYS,
+    COLUMNS,
+    ESSENTIAL,
+    IDLE_HELD,
+    SORT_KEYS,
+    Row,
+    process_detail,
+    status_line,
+)
 from phasescope.views.table import rows as table_rows
 
-HELP_TEXT = f"""\
-[b]phasescope top[/b]: one row per device, its processes as sub-rows (└).
+# The `?` box: paragraphs as single lines, so the box reflows them to the terminal's width (no hard wraps
+# that leave orphan words), and the keys as a two-column grid whose descriptions wrap under themselves.
+HELP_INTRO = (
+    "[b]phasescope top[/b]: one row per device, its processes as sub-rows (└).",
+    "Phase is the live classifier's call on the last minute, with its confidence ([b](held)[/b]: the newest "
+    "minute could not be judged, so the phase and % are the last judged ones); Phase KPIs are step time, "
+    "samples/s and MFU for training, requests/s and p50/p99 latency for inference (from hooks: --events, or "
+    "a serving engine's /metrics: --scrape). Energy · cost is so far, at the configured prices. A device in "
+    f"[{PALETTE[HELD_IDLE].terminal}] IDLE·HELD [/] is idle while a process (or its memory) holds it.",
+)
+HELP_KEYS = (
+    ("s", "cycle the sort column: order, phase, util, mem, power, temp, name"),
+    ("/", "filter rows (device, uuid, process name, pid, user or command line, a phase, idle-held); Enter "
+          "keeps it, Esc clears it"),
+    ("k / K / i", "send SIGTERM / SIGKILL / SIGINT to the selected process row, after a y/n prompt (this "
+                  "host's processes only: not in a replay)"),
+    ("↑ ↓ PgUp PgDn ← →", "move and scroll (← → by a column; here, ↑ ↓ scroll this help)"),
+    ("?", "this help"),
+    ("q / Ctrl-C", "quit"),
+)
+HELP_NOTES = (
+    "Columns that do not fit the terminal are left out, the least useful first: sparklines, PCIe, clocks, "
+    "temperature, the KPIs, energy · cost.",
+    "Util is the device's utilisation; on a process row it is that process's CPU (100% = one core). A "
+    "process row shows its user, RSS and its share of host RAM (%MEM), how long it has run (up) and its "
+    "command line; the line under the table has the selected process's whole command. A value the source did "
+    "not give is shown as [b]–[/b], never as 0.",
+    "With a live store (--store, or the default one), sparklines and the phase start from its recent history "
+    "(--history); a blank column marks where this session's samples begin.",
+    "Press any key to close.",
+)
 
-Phase is the live classifier's call on the last minute, with its confidence ([b](held)[/b]: the newest
-minute could not be judged, so the phase and % are the last judged ones); Phase KPIs are step time,
-samples/s and MFU for training, requests/s and p50/p99 latency for inference (from hooks: --events,
-or a serving engine's /metrics: --scrape). Energy · cost is so far, at the configured prices.
-A device in [{PALETTE[HELD_IDLE].terminal}] IDLE·HELD [/] is idle while a process (or its memory) holds it.
 
-  [b]s[/b]        cycle the sort column: order, phase, util, mem, power, temp, name
-  [b]/[/b]        filter rows (device, uuid, process name, pid, user or command line, a phase,
-           idle-held); Enter keeps it, Esc clears it
-  [b]k[/b] / [b]K[/b] / [b]i[/b]  send SIGTERM / SIGKILL / SIGINT to the selected process row, after a y/n
-           prompt (this host's processes only: not in a replay)
-  [b]↑ ↓ PgUp PgDn ← →[/b]  move and scroll
-  [b]?[/b]        this help            [b]q[/b] / [b]Ctrl-C[/b]  quit
-
-Util is the device's utilisation; on a process row it is that process's CPU (100% = one core).
-A process row shows its user, RSS and its share of host RAM (%MEM), how long it has run (up) and its
-command line; the line under the table has the selected process's whole command.
-A value the source did not give is shown as [b]–[/b], never as 0.
-With a live store (--store, or the default one), sparklines and the phase start from its recent
-history (--history); a blank column marks where this session's samples begin.
-Press any key to close."""
+def help_body() -> Group:
+    """The help box's text, wrapped by rich to whatever width the box has."""
+    keys = Table.grid(padding=(0, 2))
+    keys.add_column(no_wrap=True)
+    keys.add_column()
+    for key, what in HELP_KEYS:
+        keys.add_row(Text(key, style="bold"), what)
+    parts: list[Text | Table] = []
+    for para in HELP_INTRO:
+        parts += [Text.from_markup(para), Text()]
+    parts += [keys, Text()]
+    for para in HELP_NOTES:
+        parts += [Text.from_markup(para), Text()]
+    return Group(*parts[:-1])
 
 
 class HelpScreen(ModalScreen[None]):
-    """Key help; any key closes it."""
+    """Key help, scrolled with ↑ ↓ PgUp PgDn Home End where the terminal is too short for it; any other
+    key closes it."""
 
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Static {
-        width: auto; max-width: 100; border: round $accent; padding: 1 2; background: $surface;
+    HelpScreen > VerticalScroll {
+        width: 100%; max-width: 110; height: auto; max-height: 100%; border: round $accent; padding: 0 1;
+        background: $surface;
     }
+    HelpScreen Static { width: 100%; }
     """
+    SCROLL_KEYS = frozenset({"up", "down", "pageup", "pagedown", "home", "end"})
 
     def compose(self) -> ComposeResult:
-        yield Static(HELP_TEXT, id="help-text")
+        with VerticalScroll(id="help-box", can_focus=False):
+            yield Static(help_body(), id="help-text")
 
     def on_key(self, event: events.Key) -> None:
         # Stop it here: the app's own keys (q, s, /) must not act through the modal, only close it.
         event.stop()
         event.prevent_default()
-        self.dismiss()
+        if event.key not in self.SCROLL_KEYS:
+            self.dismiss()
+            return
+        box = self.query_one("#help-box", VerticalScroll)
+        {"up": box.scroll_up, "down": box.scroll_down, "pageup": box.scroll_page_up,
+         "pagedown": box.scroll_page_down, "home": box.scroll_home, "end": box.scroll_end}[event.key](
+            animate=False)
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -93,6 +137,22 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(event.character in ("y", "Y"))
 
 
+class ColumnTable(DataTable[Text]):
+    """The live table, where ← → scroll by a whole column (by one character, a column took ~20 presses)."""
+
+    def _column_edges(self) -> list[int]:
+        return list(accumulate((c.get_render_width(self) for c in self.ordered_columns), initial=0))
+
+    def action_cursor_right(self) -> None:
+        x = self.scroll_x
+        self.scroll_to(x=next((e for e in self._column_edges() if e > x), x), animate=False, immediate=True)
+
+    def action_cursor_left(self) -> None:
+        x = self.scroll_x
+        to = max((e for e in self._column_edges() if e < x), default=0)
+        self.scroll_to(x=to, animate=False, immediate=True)
+
+
 class TopApp(App[None]):
     """Full-screen live table. `start_sampling(stop)` runs in a worker thread and feeds the shared state."""
 
@@ -110,9 +170,14 @@ class TopApp(App[None]):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
         Binding("s", "cycle_sort", "Sort"),
         Binding("slash", "start_filter", "Filter"),
-        Binding("k", "signal('SIGTERM')", "Terminate"),
+        # Offered in the footer only where they work (this host's processes, `check_action`); elsewhere (a
+        # replay) the same keys say why nothing is sent.
+        Binding("k", "signal('SIGTERM')", "Term"),
         Binding("K", "signal('SIGKILL')", "Kill"),
-        Binding("i", "signal('SIGINT')", "Interrupt", show=False),
+        Binding("i", "signal('SIGINT')", "Int"),
+        Binding("k", "refuse_signal('SIGTERM')", show=False),
+        Binding("K", "refuse_signal('SIGKILL')", show=False),
+        Binding("i", "refuse_signal('SIGINT')", show=False),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -137,13 +202,15 @@ class TopApp(App[None]):
         self.filter_text = filter_text
         self.stop_event = threading.Event()
         self._worker: threading.Thread | None = None
-        self._drawn: tuple[int, str, str] | None = None
+        self._drawn: tuple[int, str, str, int] | None = None
         self.shown_rows: list[Row] = []
+        self.shown_columns: list[str] = []  # keys of the COLUMNS that fit the terminal, in order
+        self._local = state.local_processes  # the footer's keys follow it
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Vertical():
-            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield ColumnTable(id="table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="detail")
             yield Static("", id="status")
         yield Input(placeholder="filter: device, uuid, process name, pid, user or command", id="filter")
@@ -151,8 +218,6 @@ class TopApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#table", DataTable)
-        for col in COLUMNS:
-            table.add_column(col.title, key=col.key)
         if self._start_sampling is not None:
             self._worker = threading.Thread(
                 target=self._start_sampling, args=(self.stop_event,), name="phasescope-sampler", daemon=True
@@ -182,22 +247,39 @@ class TopApp(App[None]):
         except NoMatches:  # shutting down: the refresh timer can tick once more after the widgets went
             return
         self.sub_title = header_text(self.sort, self.filter_text, self.web_url)
-        key = (self.state.version, self.sort, self.filter_text)
+        if self.state.local_processes != self._local:  # the tick loop said whose processes these are
+            self._local = self.state.local_processes
+            self.refresh_bindings()
+        key = (self.state.version, self.sort, self.filter_text, self.size.width)  # width: what columns fit
         if key != self._drawn or force:
             self._draw_table(table, key)
             self._show_detail()
         status.update(Text(status_text(self.state, self.filter_text, len(self.shown_rows)), no_wrap=True))
 
-    def _draw_table(self, table: DataTable[Text], key: tuple[int, str, str]) -> None:
+    def _draw_table(self, table: DataTable[Text], key: tuple[int, str, str, int]) -> None:
         same_view = self._drawn is not None and key[1:] == self._drawn[1:]  # only new samples
         self._drawn = key
         cursor = self.cursor_row()
         selected = cursor.key if cursor is not None else None
         scroll = (table.scroll_x, table.scroll_y)
         rows = table_rows(self.state, self.sort, self.filter_text)
-        table.clear()  # which also scrolls home
-        for row in rows:
-            table.add_row(*styled_cells(row), key=row.key)
+        cells = [styled_cells(row) for row in rows]
+        # The room a row has: the terminal's width, less a vertical scrollbar's where the rows overflow.
+        tall = len(rows) + 1 > (table.size.height or self.size.height)
+        room = self.size.width - (table.styles.scrollbar_size_vertical if tall else 0)
+        shown, name_chars = fit_columns(cells, [r.kind for r in rows], room, 2 * table.cell_padding)
+        for row_cells in cells:
+            row_cells[COLUMN_KEYS.index("name")].truncate(name_chars, overflow="ellipsis")
+        keys_shown = [COLUMNS[i].key for i in shown]
+        if keys_shown != self.shown_columns:
+            table.clear(columns=True)
+            for i in shown:
+                table.add_column(COLUMNS[i].title, key=COLUMNS[i].key)
+            self.shown_columns = keys_shown
+        else:
+            table.clear()  # which also scrolls home
+        for row, row_cells in zip(rows, cells, strict=True):
+            table.add_row(*(row_cells[i] for i in shown), key=row.key)
         self.shown_rows = rows
         keys = [r.key for r in rows]
         if selected in keys:
@@ -241,8 +323,7 @@ class TopApp(App[None]):
             self._say(f"{name} not sent: select a process row (└) first")
             return
         if not self.state.local_processes:
-            self._say(f"{name} not sent: the {self.state.source_name or 'current'} source's processes are "
-                      "not this host's to signal")
+            self.action_refuse_signal(name)
             return
         p = self.state.process_sample(row.device_uuid, row.pid)
         if p is None:
@@ -256,10 +337,21 @@ class TopApp(App[None]):
 
         self.push_screen(ConfirmScreen(printable(f"Send {name} to {who}{cmd}? y/n")), answer)
 
+    def action_refuse_signal(self, name: str) -> None:
+        self._say(f"{name} not sent: the {self.state.source_name or 'current'} source's processes are "
+                  "not this host's to signal")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Signal keys act (and show in the footer) for this host's processes; else they only refuse."""
+        if action == "signal":
+            return self.state.local_processes
+        if action == "refuse_signal":
+            return not self.state.local_processes
+        return True
+
     def _say(self, line: str) -> None:
         self.state.note(line)  # the status line shows the newest note
         self.redraw()
-
 
     def action_cycle_sort(self) -> None:
         self.sort = SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)]
@@ -337,11 +429,38 @@ def styled_cells(row: Row, with_cmd: bool = True) -> list[Text]:
     return out
 
 
-# Columns a narrow terminal drops first, in this order; device, phase, util, memory, power, energy and
-# notes (NO DATA, IDLE·HELD, MIG) always stay.
-NARROW_DROP: tuple[str, ...] = ("spark_power", "spark_util", "pcie", "clocks", "temp", "rhythm", "kpi")
+# Columns a narrow terminal drops first, in this order: the reverse of their priority (COLUMNS' order);
+# the ESSENTIAL ones always stay.
+NARROW_DROP: tuple[str, ...] = tuple(reversed([c.key for c in COLUMNS if c.key not in ESSENTIAL]))
 _NEVER_WRAP = frozenset({"phase", "spark_util", "spark_power"})  # a badge, block characters
 _GIVES_WAY = "info"  # Notes: last, and the one long free-form cell (a process's command line)
+
+
+def fit_columns(cells: list[list[Text]], kinds: list[str], width: int, pad: int) -> tuple[list[int], int]:
+    """Which of COLUMNS (indices, in order) the app shows in `width` terminal columns, and how many
+    characters of a name fit: the ESSENTIAL ones always (where even they overflow, the device names are cut,
+    to no less than the column's title), then the others in COLUMNS' (priority) order where they fit, each
+    as wide as its title or widest cell plus `pad`. Notes counts its device rows only: a process's notes
+    and command line may run off to the right (the detail line has the command whole) rather than hide the
+    device's columns."""
+
+    def need(i: int) -> int:
+        key = COLUMNS[i].key
+        body = [row[i].cell_len for row, kind in zip(cells, kinds, strict=True)
+                if key != _GIVES_WAY or kind == "device"]
+        return max([len(COLUMNS[i].title), *body]) + pad
+
+    shown = [i for i, col in enumerate(COLUMNS) if col.key in ESSENTIAL]
+    used = sum(need(i) for i in shown)
+    name = COLUMN_KEYS.index("name")
+    name_chars = need(name) - pad
+    if used > width:
+        name_chars = max(len(COLUMNS[name].title), name_chars - (used - width))
+    for i, col in enumerate(COLUMNS):
+        if col.key not in ESSENTIAL and used + need(i) <= width:
+            shown.append(i)
+            used += need(i)
+    return sorted(shown), name_chars
 
 
 def _one_line(cell: Text) -> Text:
