@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -320,18 +321,20 @@ def test_the_host_is_never_judged_nor_alarmed_on(
     gpu = migration[0]
     judged: list[str] = []
     alarmed: list[str] = []
-    predict, alarm_update = LiveClassifier._predict, onset.OnsetAlarm.update
+    predict, alarm_windows = LiveClassifier._predict_batched, onset.OnsetAlarm.windows
 
-    def spy_predict(self: LiveClassifier, trace: Trace, floors: Floors) -> WindowPredictions:
-        judged.append(trace.device.uuid)
-        return predict(self, trace, floors)
+    def spy_predict(
+        self: LiveClassifier, asked: Sequence[tuple[Trace, Floors, bool]]
+    ) -> list[WindowPredictions]:
+        judged.extend(trace.device.uuid for trace, _, _ in asked)
+        return predict(self, asked)
 
-    def spy_alarm(self: onset.OnsetAlarm, trace: Trace) -> bool:
+    def spy_alarm(self: onset.OnsetAlarm, trace: Trace) -> WindowFeatures | None:
         alarmed.append(trace.device.uuid)
-        return alarm_update(self, trace)
+        return alarm_windows(self, trace)
 
-    monkeypatch.setattr(LiveClassifier, "_predict", spy_predict)
-    monkeypatch.setattr(onset.OnsetAlarm, "update", spy_alarm)
+    monkeypatch.setattr(LiveClassifier, "_predict_batched", spy_predict)
+    monkeypatch.setattr(onset.OnsetAlarm, "windows", spy_alarm)
     lc = LiveClassifier(model, alarm_model=alarm_model)
     state = LiveState("replay")
     for batch in ticks([gpu], stop=40):

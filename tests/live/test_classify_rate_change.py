@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +27,13 @@ def test_a_stream_that_turns_coarse_mid_session_is_read_at_its_new_spacing(
               for t in training_traces(shared_data)]
     lc = LiveClassifier(PhaseModel.load(), alarm=False)
     judged: list[tuple[float, int]] = []
-    predict = lc._predict
+    predict = lc._predict_batched
 
-    def spy(trace: Trace, floors: Floors) -> WindowPredictions:
-        judged.append((float(trace.time[-1]), len(trace)))
-        return predict(trace, floors)
+    def spy(asked: Sequence[tuple[Trace, Floors, bool]]) -> list[WindowPredictions]:
+        judged.extend((float(trace.time[-1]), len(trace)) for trace, _, _ in asked)
+        return predict(asked)
 
-    monkeypatch.setattr(lc, "_predict", spy)
+    monkeypatch.setattr(lc, "_predict_batched", spy)
     state = LiveState("replay", 300)  # `top`'s default ring
     for batch in ticks(traces):
         state.ingest(batch)

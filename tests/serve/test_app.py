@@ -12,10 +12,11 @@ import numpy as np
 import plotly
 import pytest
 
+from phasescope.classify import onset
 from phasescope.classify.model import PhaseModel
 from phasescope.config import PriceConfig
 from phasescope.live.classify import LiveClassifier, PhaseReading
-from phasescope.schema import TickBatch
+from phasescope.schema import TickBatch, Trace
 from phasescope.serve.agent import CHART_SIGNALS, Agent
 from phasescope.serve.app import PLOTLY_PATH, build_app
 from phasescope.sources.replay import read
@@ -360,7 +361,9 @@ def test_the_host_gets_its_hooks_phase_and_a_time_cost_not_the_gpu_classifier() 
         src.close()
 
 
-def test_the_ring_holds_what_the_alarm_reads_at_10_hz(shared_data: Path) -> None:
+def test_the_ring_holds_what_the_alarm_reads_at_10_hz(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A 10 Hz log: `--history 900` ticks would be 90 s, short of the 120 s the alarm was evaluated on. The
     agent sizes the ring from the data's own spacing, and the alarm then gets its whole history."""
     traces = read(shared_data / "nvidia-smi-h100-training/ckpt1.csv")
@@ -369,15 +372,14 @@ def test_the_ring_holds_what_the_alarm_reads_at_10_hz(shared_data: Path) -> None
     a = Agent(source, 1.0, classifier=LiveClassifier(PhaseModel.load()), history_ticks=900)
     assert a.state.capacity >= 120 / source.native_interval_s
     seen: list[float] = []
-    recent = a.classifier._recent
+    windows = onset.OnsetAlarm.windows
 
-    def spy(state: Any, uuid: str, t_now: float, span: float) -> Any:
-        tr = recent(state, uuid, t_now, span)
-        if span == 120 and len(tr):
+    def spy(self: onset.OnsetAlarm, tr: Trace) -> Any:  # the history each alarm step is handed
+        if len(tr):
             seen.append(float(tr.time[-1] - tr.time[0]))
-        return tr
+        return windows(self, tr)
 
-    a.classifier._recent = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(onset.OnsetAlarm, "windows", spy)
     feed(a, ticks(traces, stop=1500))
     assert seen and max(seen) > 115  # with 900 ticks at 10 Hz it was at most 90 s
 

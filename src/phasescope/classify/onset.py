@@ -217,7 +217,12 @@ class OnsetAlarm:
         wf = self.windows(trace)
         if wf is None:
             return False
-        proba = self.model.predict_features(wf, set(wf.present_signals), evidence=False)[0]
+        return self.feed(wf, self.model.predict_features(wf, set(wf.present_signals), evidence=False)[0])
+
+    def feed(self, wf: WindowFeatures, proba: FloatArray) -> bool:
+        """The second half of `update`: the model's probabilities `proba` for the windows `wf` (what
+        `windows` gave), fed in order; True when the alarm fires. The live classifier predicts the windows
+        of all its devices in one model call and feeds each its rows."""
         p = proba[:, PHASES.index("training")].copy()
         p[~np.isfinite(proba).all(axis=1)] = np.nan  # not judged (as `decide.p_training`)
         fired = False

@@ -42,7 +42,14 @@ import numpy as np
 from phasescope.classify import onset, verdict
 from phasescope.classify.decide import finite_or_none
 from phasescope.classify.model import PhaseModel, UnknownRules, WindowPredictions
-from phasescope.features import Floors, WindowConfig, resample, sample_interval, window_features
+from phasescope.features import (
+    Floors,
+    WindowConfig,
+    WindowFeatures,
+    resample,
+    sample_interval,
+    window_features,
+)
 from phasescope.live.state import LiveState, phase_from_hooks
 from phasescope.schema import PHASES, SIGNAL_NAMES, FloatArray, Trace
 
@@ -124,6 +131,8 @@ class _DeviceTrack:
     floors: Floors = field(default_factory=Floors)  # the grid's lowest power and memory before `folded_to`
     folded_to: float = math.nan
     windows: deque[_Window] = field(default_factory=lambda: deque(maxlen=KEEP_WINDOWS))
+    kept: int = 0  # windows ever appended to `windows`: the decoded phase changes only when this does
+    decoded: tuple[int, tuple[str, dict[str, float], bool]] | None = None  # (kept, `_decode`'s answer)
     bands: deque[PhaseBand] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
     alarm: onset.OnsetAlarm | None = None  # None: the alarm is off
     alarm_run: float = -math.inf  # data time of the alarm's last update
@@ -241,11 +250,14 @@ class LiveClassifier:
         """Re-classify every device of `state` whose last run is `every_s` or more before `now`, except
         those whose phase comes from hooks (`phase_from_hooks`).
 
-        `now` is on the data clock (TickBatch.time); None takes the state's latest tick time.
+        `now` is on the data clock (TickBatch.time); None takes the state's latest tick time. The windows
+        that fell due on all devices go to each model in one call (`_predict_batched`), not one per device.
         """
         t_now = state.last_tick_time if now is None else float(now)
         if not math.isfinite(t_now):
             return  # no tick yet
+        alarms: list[tuple[_DeviceTrack, onset.OnsetAlarm, Trace | None]] = []  # trace None: dark
+        judges: list[tuple[_DeviceTrack, Trace, bool, float]] = []  # (track, recent, dark, interval)
         for uuid in state.device_uuids():
             with self._lock:
                 track = self._tracks.get(uuid)
@@ -256,17 +268,35 @@ class LiveClassifier:
             with self._lock:
                 track = self._tracks.setdefault(uuid, track)
                 due = t_now - track.last_run >= self.every_s
-            if track.alarm is not None and t_now - track.alarm_run >= onset.ONSET_STRIDE_S:
-                self._alarm_step(state, uuid, track, track.alarm, t_now)
-            if not due:
+            alarm = track.alarm if t_now - track.alarm_run >= onset.ONSET_STRIDE_S else None
+            if alarm is None and not due:
                 continue
-            # The spacing of the newest samples only: over the whole ring, a rate that changed mid-session
-            # (a 1 s recording turning 10 s) kept the old median for half a ring, and the span too short.
-            newest = state.history_times(uuid)[-(self.model.config.min_samples + 1):]
-            interval = sample_interval(newest)
-            recent = self._recent(state, uuid, t_now, self.read_span(interval))
-            dark = self._dark(state, uuid, recent, t_now)
-            judged = None if dark else self._judge_new(track, recent, t_now, interval)
+            interval = span = math.nan
+            if due:
+                # The spacing of the newest samples only: over the whole ring, a rate that changed
+                # mid-session (a 1 s recording turning 10 s) kept the old median for half a ring, and the
+                # span too short.
+                newest = state.history_times(uuid)[-(self.model.config.min_samples + 1):]
+                interval = sample_interval(newest)
+                span = self.read_span(interval)
+            # One read of the ring for both: each takes its own span's tail of it.
+            wide = self._recent(state, uuid, t_now, max(span if due else 0.0,
+                                                        onset.HISTORY_S if alarm is not None else 0.0))
+            if alarm is not None:
+                trace = _tail(wide, t_now - onset.HISTORY_S)
+                alarms.append((track, alarm, None if self._dark(state, uuid, trace, t_now) else trace))
+            if due:
+                recent = _tail(wide, t_now - span)
+                judges.append((track, recent, self._dark(state, uuid, recent, t_now), interval))
+        self._alarm_steps(alarms, t_now)
+        plans = [None if dark else self._plan(track, recent, t_now, interval)
+                 for track, recent, dark, interval in judges]
+        asked = [(i, plan) for i, plan in enumerate(plans) if plan is not None]
+        preds = self._predict_batched([plan for _, plan in asked])
+        done = {i: (pred, plan[2]) for (i, plan), pred in zip(asked, preds, strict=True)}
+        for i, (track, _, dark, _) in enumerate(judges):
+            pred, first = done.get(i, (None, False))
+            judged = None if dark else self._finish(track, pred, first)
             with self._lock:
                 track.last_run = t_now
                 self.runs += 1
@@ -279,26 +309,32 @@ class LiveClassifier:
             track.alarm = onset.OnsetAlarm(model, onset.alarm_params(model))
         return track
 
-    def _alarm_step(
-        self, state: LiveState, uuid: str, track: _DeviceTrack, alarm: onset.OnsetAlarm, t_now: float
+    def _alarm_steps(
+        self, steps: Sequence[tuple[_DeviceTrack, onset.OnsetAlarm, Trace | None]], t_now: float
     ) -> None:
-        """Feed the device's last HISTORY_S seconds to its onset alarm; the reading follows its state."""
-        trace = self._recent(state, uuid, t_now, onset.HISTORY_S)
-        dark = self._dark(state, uuid, trace, t_now)
-        if dark:  # whatever held has ended; start afresh when data returns
-            alarm = track.alarm = onset.OnsetAlarm(alarm.model, alarm.params)
-        fired = False if dark else alarm.update(trace)
-        with self._lock:
-            track.alarm_run = t_now
-            self.alarm_runs += 1
-            if fired:
-                track.alarm_at = t_now
-            elif not alarm.active:
-                track.alarm_at = None
-            if track.reading is not None:
-                track.reading = replace(track.reading, training_alarm=alarm.active, alarm_at=track.alarm_at)
-            if track.shown is not None:
-                track.shown = replace(track.shown, training_alarm=alarm.active, alarm_at=track.alarm_at)
+        """Feed each device's last HISTORY_S seconds (None: dark) to its onset alarm, the windows of all
+        devices predicted in one call per model; each reading follows its alarm's state."""
+        windows = [None if trace is None else alarm.windows(trace) for _, alarm, trace in steps]
+        asked = [(k, wf) for k, wf in enumerate(windows) if wf is not None]
+        probas = _predict_rows([(steps[k][1].model, wf, set(wf.present_signals)) for k, wf in asked])
+        proba_of = {k: pr[0] for (k, _), pr in zip(asked, probas, strict=True)}
+        for k, (track, alarm, trace) in enumerate(steps):
+            if trace is None:  # dark: whatever held has ended; start afresh when data returns
+                alarm = track.alarm = onset.OnsetAlarm(alarm.model, alarm.params)
+            wf = windows[k]
+            fired = False if wf is None else alarm.feed(wf, proba_of[k])
+            with self._lock:
+                track.alarm_run = t_now
+                self.alarm_runs += 1
+                if fired:
+                    track.alarm_at = t_now
+                elif not alarm.active:
+                    track.alarm_at = None
+                held, at = alarm.active, track.alarm_at
+                if track.reading is not None:
+                    track.reading = replace(track.reading, training_alarm=held, alarm_at=at)
+                if track.shown is not None:
+                    track.shown = replace(track.shown, training_alarm=held, alarm_at=at)
 
     def _dark(self, state: LiveState, uuid: str, recent: Trace, t_now: float) -> bool:
         """Whether a device is dark now, so nothing is judged from the older samples in its window (judging
@@ -316,51 +352,66 @@ class LiveClassifier:
 
     def _recent(self, state: LiveState, uuid: str, t_now: float, span: float) -> Trace:
         """The device's samples in (t_now - span, t_now] that hold some data."""
-        times = state.history_times(uuid)
+        times, columns = state.history_columns(uuid, SIGNAL_NAMES)  # one read, under one lock
         keep = (times > t_now - span) & (times <= t_now)
-        cols = {s: state.history(uuid, s)[keep] for s in SIGNAL_NAMES}
+        cols = {s: v[keep] for s, v in columns.items()}
         recent = Trace(state.device_info(uuid), times[keep], cols)
         # Only rows with some data: a lost device's NaN rows would otherwise read as a sampled gap.
         return recent.take(recent.rows_with_data())
 
-    def _judge_new(
+    def _plan(
         self, track: _DeviceTrack, recent: Trace, t_now: float, interval: float
-    ) -> tuple[str, dict[str, float], bool]:
-        """Judge the windows that fell due since the last run, where the offline verdict cuts them (on the
-        device's own grid from its first sample, with the context before them that the verdict's windows
-        have), keep them, and decode the kept windows as the verdict does (`verdict.phase_segments`).
-
-        Returns (phase, probabilities of the newest judged window, whether the newest window went unjudged
-        and the decoder bridged it). Before two full windows exist (warm-up)
-        the phase is the newest window of what there is, not kept: the first reading comes after a few
-        samples, not after 45 s."""
+    ) -> tuple[Trace, Floors, bool] | None:
+        """What to predict for the windows that fell due since the last run, cut where the offline verdict
+        cuts them (on the device's own grid from its first sample, with the context before them that the
+        verdict's windows have): (samples, the floors before them, whether the grid is still unknown); None
+        when no window fell due. `_finish` keeps and decodes the prediction."""
         if len(recent) < 2:
-            return self._decode(track) if track.windows else (UNKNOWN, {}, False)
+            return None
         if math.isnan(track.anchor):
             track.anchor = float(recent.time[0])
         half = 0.5 * interval if math.isfinite(interval) else 0.0  # a sample's offset from its grid point
         if math.isnan(track.stride):
             track.folded_to = track.anchor
-            pred = self._predict(recent.take(np.flatnonzero(recent.time >= track.anchor - half)), Floors())
-            if len(pred) < 2:  # warm-up: less than two windows' worth since the first sample
-                return _newest(pred)
-            self._keep(track, pred)
-        elif t_now >= track.next_start + track.length:
+            return recent.take(np.flatnonzero(recent.time >= track.anchor - half)), Floors(), True
+        if t_now >= track.next_start + track.length:
             # The verdict's windows read `plateau_cap_s` before them (`mem_plateau_s`) and the floors of
             # all before (`Floors`): the first as samples, the rest folded into the device's floors.
             lookback = math.ceil(self.model.config.plateau_cap_s / track.stride) * track.stride
             cut = max(track.anchor, track.next_start - lookback) - half
             self._fold(track, recent, cut)
-            self._keep(track, self._predict(recent.take(np.flatnonzero(recent.time >= cut)), track.floors))
+            return recent.take(np.flatnonzero(recent.time >= cut)), track.floors, False
+        return None
+
+    def _finish(
+        self, track: _DeviceTrack, pred: WindowPredictions | None, first: bool
+    ) -> tuple[str, dict[str, float], bool]:
+        """Keep the newly judged windows `pred` (None: none fell due) and decode the kept windows as the
+        verdict does (`verdict.phase_segments`).
+
+        Returns (phase, probabilities of the newest judged window, whether the newest window went unjudged
+        and the decoder bridged it). Before two full windows exist (warm-up) the phase is the newest window
+        of what there is, not kept: the first reading comes after a few samples, not after 45 s."""
+        if pred is not None:
+            if first and len(pred) < 2:  # warm-up: less than two windows' worth since the first sample
+                return _newest(pred)
+            self._keep(track, pred)
         return self._decode(track) if track.windows else (UNKNOWN, {}, False)
 
-    def _predict(self, trace: Trace, floors: Floors) -> WindowPredictions:
-        """`PhaseModel.predict_trace`, with the floors of the stream before `trace`."""
-        model = self.model.for_interval(sample_interval(trace.time))
-        wf = window_features(trace, model.config, floors=floors)
-        proba, labels, _, sub, reasons = model.predict_features(wf, set(trace.present_signals()), False)
-        return WindowPredictions(wf.start, wf.end, proba, labels, trace.missing_signals(), model.version,
-                                 [], sub, reasons)
+    def _predict_batched(self, asked: Sequence[tuple[Trace, Floors, bool]]) -> list[WindowPredictions]:
+        """`PhaseModel.predict_trace` of each (trace, floors before it), the windows of all in one model call
+        per model and signal set (`_predict_rows`)."""
+        jobs = []
+        for trace, floors, _ in asked:
+            model = self.model.for_interval(sample_interval(trace.time))
+            jobs.append((model, window_features(trace, model.config, floors=floors),
+                         set(trace.present_signals())))
+        out = []
+        for (trace, _, _), (model, wf, _), (proba, labels, sub, reasons) in zip(
+                asked, jobs, _predict_rows(jobs), strict=True):
+            out.append(WindowPredictions(wf.start, wf.end, proba, labels, trace.missing_signals(),
+                                         model.version, [], sub, reasons))
+        return out
 
     def _fold(self, track: _DeviceTrack, recent: Trace, cut: float) -> None:
         """Fold the samples from `track.folded_to` up to `cut` into the device's floors, on the grid the
@@ -394,17 +445,20 @@ class LiveClassifier:
             if math.isfinite(track.next_start) and start < track.next_start - 0.5 * track.stride:
                 continue  # judged already (context for the new ones)
             track.windows.append(_Window(start, end, pred.proba[k].copy(), pred.labels[k]))
+            track.kept += 1
             track.next_start = start + track.stride
 
     def _decode(self, track: _DeviceTrack) -> tuple[str, dict[str, float], bool]:
         """The kept windows' phase now: the last of their segments, as the verdict cuts them."""
-        segs = verdict.phase_segments(_Kept(track.windows), self.min_segment_s)
-        judged = [w for w in reversed(track.windows) if np.isfinite(w.proba).all()]
-        proba = {p: float(v) for p, v in zip(PHASES, judged[0].proba, strict=True)} if judged else {}
-        if not segs:
-            return UNKNOWN, proba, False
-        last = segs[-1].label
-        return last, proba, last != UNKNOWN and track.windows[-1].label == UNKNOWN
+        if track.decoded is None or track.decoded[0] != track.kept:  # else none kept since (2 runs in 3)
+            segs = verdict.phase_segments(_Kept(track.windows), self.min_segment_s)
+            judged = [w for w in reversed(track.windows) if np.isfinite(w.proba).all()]
+            proba = {p: float(v) for p, v in zip(PHASES, judged[0].proba, strict=True)} if judged else {}
+            last = segs[-1].label if segs else UNKNOWN
+            held = bool(segs) and last != UNKNOWN and track.windows[-1].label == UNKNOWN
+            track.decoded = (track.kept, (last, proba, held))
+        phase, proba, held = track.decoded[1]
+        return phase, dict(proba), held
 
     def _advance(
         self, track: _DeviceTrack, t: float, judged: tuple[str, dict[str, float], bool] | None, dark: bool
@@ -471,3 +525,38 @@ def _newest(pred: WindowPredictions) -> tuple[str, dict[str, float], bool]:
         return UNKNOWN, {}, False
     i = int(judged[np.argmax(pred.end[judged])])
     return pred.labels[i], {p: float(pred.proba[i, k]) for k, p in enumerate(PHASES)}, False
+
+
+def _tail(trace: Trace, after: float) -> Trace:
+    """The samples of `trace` after `after`: a shorter span's read of the same ring."""
+    return trace.take(np.flatnonzero(trace.time > after))
+
+
+Prediction = tuple[FloatArray, list[str], str, list[str]]  # proba, labels, submodel, unknown reasons
+
+
+def _predict_rows(jobs: Sequence[tuple[PhaseModel, WindowFeatures, set[str]]]) -> list[Prediction]:
+    """`PhaseModel.predict_features` (no evidence) of each (model, windows, signals present), the jobs that
+    share a model, a signal set and a sample interval stacked into one call: a window's prediction reads
+    only its own row, so stacking changes no figure, and the model's fixed cost per call is paid once per
+    tick instead of once per device."""
+    groups: dict[tuple[int, frozenset[str], float, float], list[int]] = {}
+    for k, (model, wf, present) in enumerate(jobs):
+        groups.setdefault((id(model), frozenset(present), wf.interval_s, wf.sample_interval_s), []).append(k)
+    out: list[Prediction | None] = [None] * len(jobs)
+    for ks in groups.values():
+        model, first, present = jobs[ks[0]]
+        parts = [jobs[k][1] for k in ks]
+        both = first if len(parts) == 1 else WindowFeatures(
+            np.concatenate([w.start for w in parts]), np.concatenate([w.end for w in parts]),
+            np.concatenate([w.values for w in parts]), first.names,
+            np.concatenate([w.n_samples for w in parts]), np.concatenate([w.sufficient for w in parts]),
+            first.interval_s, first.window_samples, first.present_signals, first.sample_interval_s)
+        proba, labels, _, sub, reasons = model.predict_features(both, present, False)
+        at = 0
+        for k, w in zip(ks, parts, strict=True):
+            n = len(w.start)
+            out[k] = (proba[at:at + n], labels[at:at + n], sub, reasons[at:at + n])
+            at += n
+    return [o for o in out if o is not None]
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 import threading
@@ -18,6 +19,9 @@ HEADER_TIMEOUT_S = 10.0
 # Open connections (live streams included) past which a request is answered 503 at once; under the usual
 # 1024 open files, so the server can still take and refuse a connection rather than fail to accept it.
 MAX_CONNECTIONS = 500
+# uvicorn's own loop wakes ten times a second to refresh the Date header (once a second) and to see a stop;
+# an idle agent then spends more CPU there than on sampling. Once a second does the first; a stop wakes it.
+SERVER_TICK_S = 1.0
 
 
 def is_loopback(host: str) -> bool:
@@ -99,6 +103,29 @@ def make_server(app: Any, log_level: str = "warning", header_timeout_s: float = 
     import uvicorn
 
     class Server(uvicorn.Server):
+        _wake: asyncio.Event | None = None  # set when a stop is asked, so main_loop sees it at once
+        _loop: asyncio.AbstractEventLoop | None = None
+        _exit = False
+
+        @property
+        def should_exit(self) -> bool:
+            return self._exit
+
+        @should_exit.setter
+        def should_exit(self, value: bool) -> None:
+            # Set by uvicorn's signal handler, or by BackgroundServer.stop from another thread.
+            self._exit = value
+            if value and self._wake is not None and self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to wake
+                    self._loop.call_soon_threadsafe(self._wake.set)
+
+        async def main_loop(self) -> None:
+            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+            # counter 0: uvicorn's on_tick refreshes the Date header on every call, then says whether to stop
+            while not await self.on_tick(0):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), SERVER_TICK_S)
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             closing = getattr(app.state, "closing", None)
             if closing is not None:
