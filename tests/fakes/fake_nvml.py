@@ -32,6 +32,7 @@ import uuid as uuidlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,7 @@ PATCHED = (
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieReplayCounter",
     "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
-    "nvmlDeviceGetSamples",
+    "nvmlDeviceGetSamples", "nvmlDeviceGetPciInfo",
 )
 _ERROR_TYPES = {pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected"}
@@ -376,6 +377,11 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return self._enter("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> SimpleNamespace:
+        """A made-up PCI address per board (bus 0x10 + index), as pynvml's struct gives it (str)."""
+        gpu = self._enter("nvmlDeviceGetPciInfo", handle)
+        return SimpleNamespace(busId=f"00000000:{0x10 + gpu.index:02X}:00.0")
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         return self._enter("nvmlDeviceGetIndex", handle).index

@@ -30,7 +30,7 @@ def test_both_families_land_on_one_grid(fleet_traces: dict[str, Trace]) -> None:
     series = [
         # dcgm's utilisation (percent) and the agent's (ratio) for the same device: the agent's wins.
         Series({"__name__": "DCGM_FI_DEV_GPU_UTIL", **dcgm}, grid, util * 90),  # 90% of the agent's
-        Series({"__name__": "phasescope_gpu_gpu_util_ratio", **lab}, grid[:150], util[:150]),
+        Series({"__name__": "phasescope_gpu_util_ratio", **lab}, grid[:150], util[:150]),
         Series({"__name__": "DCGM_FI_DEV_FB_USED", **dcgm}, grid, mem_mib),
         Series({"__name__": "phasescope_gpu_power_watts", **lab}, grid[10:], power[10:]),
     ]
@@ -93,6 +93,24 @@ def test_agent_names_come_from_the_exporter() -> None:
     assert mmap.metrics[SIGNAL_METRICS["power"].name] == ("power", 1.0)
     assert mmap.metrics["DCGM_FI_DEV_FB_USED"] == ("mem_used", MIB)
     assert mmap.metrics["DCGM_FI_PROF_PCIE_TX_BYTES"] == ("pcie_tx", 1.0)
+
+
+def test_an_older_agents_utilisation_name_is_still_read() -> None:
+    """Agents before the rename wrote `phasescope_gpu_gpu_util_ratio`; a Prometheus keeps those series for
+    weeks, so a range that spans the upgrade has the old name first and the new one after."""
+    grid = 1000.0 + np.arange(10)
+    util = np.linspace(0.1, 0.9, 10)  # every sample differs: none is dropped as a repeat
+    lab = {"uuid": "GPU-3"}
+    series = [
+        Series({"__name__": "phasescope_gpu_gpu_util_ratio", **lab}, grid[:5], util[:5]),
+        Series({"__name__": "phasescope_gpu_util_ratio", **lab}, grid[5:], util[5:]),
+    ]
+    mmap = names.metric_map()
+    assert mmap.metrics["phasescope_gpu_gpu_util_ratio"] == ("gpu_util", 1.0)
+    assert "phasescope_gpu_gpu_util_ratio" in mmap.name_regex().split("|")
+    dev = _Device("GPU-3", "uuid", lab, {s.labels["__name__"] for s in series})
+    (trace,) = build_traces([dev], series, 1000.0, 1.0, 10, mmap)
+    np.testing.assert_allclose(trace["gpu_util"], util)
 
 
 class _LimitsClient:

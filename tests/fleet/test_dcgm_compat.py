@@ -231,18 +231,18 @@ def test_health_from_the_agents_own_scrape(
                 body = ",".join(f'{k}="{v}"' for k, v in labels.items())
                 inputs.append({"series": f"{s.name}{{{body}}}", "values": f"{s.value} {s.value}"})
                 scraped[(s.name, frozenset(s.labels.items()))] = s.value
-    devices = [(d.uuid, str(d.index), d.name, d.host) for d in source.devices()]
+    devices = [(d.uuid, str(d.index), d.name, d.host, d.extra["pci_bus_id"]) for d in source.devices()]
     checks = []
     for field, (metric, selector) in HEALTH_FIELDS.items():
         want = dict(re.findall(r'(\w+)="([^"]*)"', selector))
         samples = []
-        for uuid, index, name, host in devices:
+        for uuid, index, name, host, bus_id in devices:
             own = {"uuid": uuid, "gpu": index, "model": name, "host": host, **want}
             value = scraped.get((metric.name, frozenset(own.items())))
             if value is None:
                 continue  # the agent has no series: neither does the compat rule
-            out = {"gpu": index, "UUID": uuid, "modelName": name, "Hostname": host, "uuid": uuid,
-                   **target, "exporter": "phasescope-compat"}
+            out = {"gpu": index, "UUID": uuid, "modelName": name, "Hostname": host, "pci_bus_id": bus_id,
+                   "uuid": uuid, **target, "exporter": "phasescope-compat"}
             samples.append({"labels": field + "{" + ",".join(f'{k}="{v}"' for k, v in out.items()) + "}",
                             "value": value})
         checks.append({"expr": field, "eval_time": "1m", "exp_samples": samples})

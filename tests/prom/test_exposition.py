@@ -102,6 +102,8 @@ def test_mig_parent_and_profile_in_gpu_info(shared_data: Path, fake_nvml) -> Non
     assert info[parent]["mig_profile"] == ""
     assert sorted((lab["parent_uuid"], lab["mig_profile"]) for u, lab in info.items() if u != parent) == [
         (parent, "3g.20gb"), (parent, "4g.20gb")]
+    # A MIG instance sits on its GPU's PCI address (NVML is asked once, for the board).
+    assert {lab["pci_bus_id"] for lab in info.values()} == {"00000000:10:00.0"}
     phase = [s.labels for f in text_string_to_metric_families(text.decode())
              if f.name == "phasescope_gpu_phase" for s in f.samples]
     assert len(phase) == 3 * 5  # 3 rows x 5 phases (incl. unknown), labels unchanged:

@@ -14,7 +14,7 @@ def test_agreed_names() -> None:
     m = mn.SIGNAL_METRICS
     assert m["power"].name == "phasescope_gpu_power_watts"
     assert m["mem_used"].name == "phasescope_gpu_mem_used_bytes"
-    assert m["gpu_util"].name == "phasescope_gpu_gpu_util_ratio"
+    assert m["gpu_util"].name == "phasescope_gpu_util_ratio"  # the signal's own `gpu_` is not repeated
     assert m["sm_clock"].name == "phasescope_gpu_sm_clock_hertz"
     assert m["temperature"].name == "phasescope_gpu_temperature_celsius"
     assert m["pcie_rx"].name == "phasescope_gpu_pcie_rx_bytes_per_second"
@@ -29,7 +29,8 @@ def test_agreed_names() -> None:
     assert mn.DEVICE_LABELS == ("uuid", "gpu", "model", "host")
     assert mn.GPU_POD_INFO.name == "phasescope_gpu_pod_info"
     assert mn.GPU_PROCESS_INFO.name == "phasescope_gpu_process_info"
-    assert mn.GPU_INFO.name == "phasescope_gpu_info" and mn.GPU_INFO_LABELS == ("parent_uuid", "mig_profile")
+    assert mn.GPU_INFO.name == "phasescope_gpu_info"
+    assert mn.GPU_INFO_LABELS == ("parent_uuid", "mig_profile", "pci_bus_id", "node")
     assert mn.POD_LABELS == ("pod", "namespace", "container")
     assert mn.TRAINING_ALARM.name == "phasescope_gpu_training_alarm"
     assert (mn.IDLE_HELD.name, mn.IDLE_HELD.kind) == ("phasescope_gpu_idle_held", "gauge")
@@ -75,3 +76,15 @@ def test_telemetry_kpi_gauges_are_named_in_base_units_and_unique() -> None:
     assert len(set(names)) == len(names)
     for m in (*mn.TELEMETRY_KPI_METRICS.values(), mn.STEP_PERIOD_CONFIDENCE):
         assert NAME.match(m.name) and m.kind == "gauge" and m.help
+
+
+def test_no_two_metrics_share_a_name_and_legacy_names_stay_apart() -> None:
+    """Dropping a signal's leading `gpu_` must not land on another metric's name; the names older agents
+    wrote are readable (fleet/names.py) but never exported again."""
+    every = [v for v in vars(mn).values() if isinstance(v, mn.MetricName)]
+    every += [*mn.SIGNAL_METRICS.values(), *mn.HOST_METRICS.values(), *mn.TELEMETRY_KPI_METRICS.values()]
+    names = {id(m): m.name for m in every}
+    assert len(set(names.values())) == len(names)
+    assert not set(mn.LEGACY_SIGNAL_NAMES) & set(names.values())
+    assert all(mn.SIGNAL_METRICS[s].name != old for old, s in mn.LEGACY_SIGNAL_NAMES.items())
+    assert not any(m.name.startswith("phasescope_gpu_gpu_") for m in every)

@@ -137,6 +137,9 @@ def test_nvml_path_exposes_counter_limits_and_model(
     assert all(lab["model"] for lab, _ in energy)  # the NVML device name
     per_phase = s["phasescope_gpu_phase_energy_joules_total"]
     assert per_phase and all(v >= 0 for _, v in per_phase)
+    # NVML's PCI address of each board (the scripted NVML numbers them 0x10 + index) on the info series only.
+    info = {lab["gpu"]: lab["pci_bus_id"] for lab, _ in s["phasescope_gpu_info"]}
+    assert info == {lab["gpu"]: f"00000000:{0x10 + int(lab['gpu']):02X}:00.0" for lab, _ in energy}
     source.close()
 
 
@@ -343,3 +346,33 @@ def test_idle_held_gauge_flags_the_pod_holding_its_model(shared_data: Path, mode
     assert held == {pods[0].device.uuid: 1.0, pods[1].device.uuid: 0.0}
     assert agent.snapshot()["idle_held"] == [pods[0].device.uuid]
     assert promtool_check(text) == ""
+
+
+def test_gpu_info_names_the_pci_bus_and_the_node_once_per_gpu(
+    shared_data: Path, model: PhaseModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pci_bus_id` and `node` are on the one info series per GPU, not on every series (prom/names.py):
+    the node from the downward API's NODE_NAME, else the host label."""
+    traces = read(shared_data / MIGRATION_RUN)
+    bus = {t.device.uuid: f"00000000:{i + 7:02X}:00.0" for i, t in enumerate(traces)}
+    traces = [
+        type(t)(replace(t.device, extra={**t.device.extra, "pci_bus_id": bus[t.device.uuid]}), t.time,
+                t.columns, t.meta)
+        for t in traces
+    ]
+    agent = Agent(ReplaySource(traces), 1.0, classifier=LiveClassifier(model))
+    registry = registry_for(agent, host="pod-abc12")
+    feed(agent, ticks(traces, stop=5))
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    info = samples(generate_latest(registry))["phasescope_gpu_info"]
+    assert {(lab["uuid"], lab["pci_bus_id"], lab["node"]) for lab, _ in info} == {
+        (u, b, "pod-abc12") for u, b in bus.items()
+    }
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    text = generate_latest(registry)
+    assert promtool_check(text) == ""
+    s = samples(text)
+    assert {lab["node"] for lab, _ in s["phasescope_gpu_info"]} == {"gpu-node-7"}
+    assert len(s["phasescope_gpu_info"]) == len(bus)
+    # Every other series keeps the fixed device labels only.
+    assert all("node" not in lab and "pci_bus_id" not in lab for lab, _ in s["phasescope_gpu_power_watts"])

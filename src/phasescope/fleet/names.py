@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from phasescope.prom.names import SIGNAL_METRICS
+from phasescope.prom.names import LEGACY_SIGNAL_NAMES, SIGNAL_METRICS
 from phasescope.schema import PAPER_SIGNALS, SIGNALS
 from phasescope.sources.replay.dcgm_prom import FIELDS as DCGM_FIELDS
 
@@ -40,6 +40,7 @@ def metric_map(signals: Iterable[str] = PAPER_SIGNALS) -> MetricMap:
     for s in wanted:
         if SIGNALS[s].kind == "gauge":
             out[SIGNAL_METRICS[s].name] = (s, 1.0)
+    out |= {old: (s, 1.0) for old, s in LEGACY_SIGNAL_NAMES.items() if s in wanted}  # older agents' series
     for field, (sig, factor) in DCGM_FIELDS.items():
         if sig in wanted and SIGNALS[sig].kind == "gauge":
             out[field] = (sig, factor)

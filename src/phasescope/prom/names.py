@@ -1,8 +1,10 @@
 """Prometheus metric names, one place: derived from the schema's signals and units, per Prometheus practice.
 
 Per device signal: `phasescope_gpu_<signal>_<unit>` with the schema's base unit (`phasescope_gpu_power_watts`,
-`phasescope_gpu_mem_used_bytes`, `phasescope_gpu_gpu_util_ratio`); counters end in `_total`
+`phasescope_gpu_mem_used_bytes`, `phasescope_gpu_util_ratio`); counters end in `_total`
 (`phasescope_gpu_energy_joules_total`); the throttle bitmask has no unit (`phasescope_gpu_throttle_reasons`).
+A signal whose name already starts with `gpu_` does not repeat it (`gpu_util` -> `phasescope_gpu_util_ratio`);
+`LEGACY_SIGNAL_NAMES` keeps the names older agents wrote, which readers accept too.
 Every device series carries the labels in `DEVICE_LABELS`, and only those: a label whose value changes
 (the pod on a GPU) would start a new series each time. Pod attribution is in two info-style metrics, value 1,
 joined in PromQL (`* on (uuid) group_left (pod, namespace, container) phasescope_gpu_pod_info`):
@@ -14,9 +16,12 @@ joined in PromQL (`* on (uuid) group_left (pod, namespace, container) phasescope
   in a container, which names every pod on a shared GPU.
 
 What a device is, beyond its identity labels, is one more info metric, so it costs one series per GPU
-rather than two labels on every series: `phasescope_gpu_info{DEVICE_LABELS, parent_uuid, mig_profile}`.
+rather than more labels on every series:
+`phasescope_gpu_info{DEVICE_LABELS, parent_uuid, mig_profile, pci_bus_id, node}`.
 For a MIG instance `parent_uuid` is its physical GPU's uuid and `mig_profile` its GPU-instance profile
 (`3g.40gb`); both are empty for a whole GPU. The fleet reads it to price a MIG GPU once (fleet/collect.py).
+`pci_bus_id` is the source's (empty where it names none); `node` is the downward API's `NODE_NAME`, else the
+`host` label. Why not on every series: docs/design/serve.md, "Labels".
 
 GPU health (NVML, physical GPUs only, read every 10 s: sources/nvml.py) is not a schema signal and has its own
 metrics, each absent where the GPU does not offer it (no ECC on a consumer GPU), never 0:
@@ -44,7 +49,8 @@ PREFIX = "phasescope"
 DEVICE_LABELS: tuple[str, ...] = ("uuid", "gpu", "model", "host")
 POD_LABELS: tuple[str, ...] = ("pod", "namespace", "container")
 HOST_LABELS: tuple[str, ...] = ("host", "model")  # model: the CPU model
-GPU_INFO_LABELS: tuple[str, ...] = ("parent_uuid", "mig_profile")  # on phasescope_gpu_info only
+# On phasescope_gpu_info only (one series per GPU), not on every series: see the docstring.
+GPU_INFO_LABELS: tuple[str, ...] = ("parent_uuid", "mig_profile", "pci_bus_id", "node")
 
 # schema unit -> Prometheus unit suffix ("" = none: a bitmask is not a quantity).
 _UNIT_SUFFIX: dict[str, str] = {
@@ -77,13 +83,17 @@ def signal_metric(signal: str) -> MetricName:
     """The metric of one schema signal."""
     sig = SIGNALS[signal]
     suffix = _UNIT_SUFFIX[sig.unit]
-    base = f"{PREFIX}_gpu_{sig.name}" + (f"_{suffix}" if suffix else "")
+    stem = sig.name.removeprefix("gpu_")  # `gpu_util` under `phasescope_gpu_` would read twice
+    base = f"{PREFIX}_gpu_{stem}" + (f"_{suffix}" if suffix else "")
     if sig.kind == "counter":
         return MetricName(base + "_total", "counter", sig.help)
     return MetricName(base, "gauge", sig.help)
 
 
 SIGNAL_METRICS: dict[str, MetricName] = {s: signal_metric(s) for s in SIGNALS}
+# Names earlier agents wrote (old name -> signal): a Prometheus keeps those series for weeks, so readers
+# (fleet/names.py) accept them beside SIGNAL_METRICS. Never exported.
+LEGACY_SIGNAL_NAMES: dict[str, str] = {f"{PREFIX}_gpu_gpu_util_ratio": "gpu_util"}
 
 PHASE_PROBABILITY = MetricName(
     f"{PREFIX}_gpu_phase_probability", "gauge",

@@ -5,7 +5,8 @@ latest tick, the current phase readings and the energy meters, so a device that 
 appearing, and a missing reading is an absent sample (Prometheus practice), never a made-up 0.
 
 `phasescope_gpu_info` (one series per GPU) names a MIG instance's parent GPU and profile, from the
-source's DeviceInfo (NVML: the parent handle and the instance's name "... MIG 3g.40gb").
+source's DeviceInfo (NVML: the parent handle and the instance's name "... MIG 3g.40gb"), the GPU's PCI bus id
+where the source names one, and its Kubernetes node (`NODE_NAME`, else the host label).
 
 Pod attribution: each GPU process's host PID goes through `ContainerResolver` (/proc/PID/cgroup) and comes
 out as the info metrics `phasescope_gpu_pod_info` / `phasescope_gpu_process_info` (see metric_names.py);
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -151,6 +153,7 @@ class PhasescopeCollector:
         health = agent.health()
         health_families = _HealthFamilies(labels)
         pods = self._attribution(agent.state.processes())
+        node = os.environ.get("NODE_NAME", "").strip()  # the Kubernetes node (downward API), else the host
         for info, latest, reading, _lost in agent.devices():
             if is_host_device(info):
                 for s, fam in host_signals.items():
@@ -162,7 +165,9 @@ class PhasescopeCollector:
             key = [info.uuid, index, info.name, info.host or self.host]
             # A MIG instance's parent and profile: what prices a MIG GPU once in the fleet (kpi/cost.py).
             parent = mig_parent(info)
-            gpu_info.add_metric([*key, parent, mig_profile(info) if parent else ""], 1.0)
+            gpu_info.add_metric(
+                [*key, parent, mig_profile(info) if parent else "", info.extra.get("pci_bus_id", ""),
+                 node or key[3]], 1.0)
             h = health.get(info.uuid)
             if h is not None:
                 health_families.add(key, h)

@@ -343,12 +343,19 @@ class NvmlSource:
         limit = self._setup_call(dev, "nvmlDeviceGetEnforcedPowerLimit", handle)
         sm_max = self._setup_call(dev, "nvmlDeviceGetMaxClockInfo", handle, _NVML_CLOCK_SM, key="sm")
         mem_max = self._setup_call(dev, "nvmlDeviceGetMaxClockInfo", handle, _NVML_CLOCK_MEM, key="mem")
+        # The board's PCI address (dcgm-exporter's `pci_bus_id`); a MIG instance is on its GPU's.
+        if parent is None:
+            pci = self._setup_call(dev, "nvmlDeviceGetPciInfo", handle)
+            bus_id = None if pci is None else str(pci.busId)
+        else:
+            bus_id = parent.static.get("pci_bus_id")
         static: dict[str, Any] = {
             "uuid": uuid,
             "name": "" if name is None else str(name),
             "index": index,
             "parent_uuid": None if parent is None else parent.info.uuid,
             "mig_slot": mig_slot,
+            "pci_bus_id": bus_id,
             "driver_version": self._driver,
             "mem_total_bytes": _NAN if mem is None else float(mem.total),
             "power_limit_w": _NAN if limit is None else limit / 1000.0,
