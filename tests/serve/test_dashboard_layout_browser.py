@@ -61,7 +61,10 @@ def test_dashboard_charts_read_at_desktop_and_phone_widths(shared_data: Path, tm
     sync_playwright = sync_playwright_or_skip()
     run = shared_data / MIGRATION_RUN
     recorded = read(run)
-    start, end = min(float(t.time[0]) for t in recorded), max(float(t.time[-1]) for t in recorded)
+    # The recording's span in Unix time: SensorGuard's raw clock through the log's own UTC anchor.
+    anchor = float(recorded[0].meta.get("utc_offset") or 0.0)
+    start = min(float(t.time[0]) for t in recorded) + anchor
+    end = max(float(t.time[-1]) for t in recorded) + anchor
     args = ["--source", f"replay:{run}?speed=5", "--token", "pw-token"]
     with serve_process(args, tmp_path) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
