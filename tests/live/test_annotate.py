@@ -12,17 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phasescope.classify.model import PhaseModel
-from phasescope.features import WindowFeatures
 from phasescope.instrument.events import load_events
 from phasescope.live.annotate import Annotator, HookKpiReader, ScrapeKpiReader
 from phasescope.live.loop import feed
 from phasescope.live.state import LiveState
-from phasescope.schema import PHASES
 from phasescope.sources.replay_live import ReplaySource
 from phasescope.views import table
 from tests.hook_events import shared_hook_events
 from tests.http_helpers import serving
+from tests.live.test_classify import T0, _Confident
 from tests.live_helpers import training_traces
 
 
@@ -170,34 +168,6 @@ def test_annotator_copies_the_classifier_reading(shared_data: Path) -> None:
         assert view.confidence == r.confidence or (np.isnan(view.confidence) and np.isnan(r.confidence))
 
 
-T0 = 1000.0  # the scripted device's first sample
-
-
-class _Sure:
-    """A stand-in phase model: its k-th window (cut k strides after the device's first sample, as the real
-    windows are) says script[k] at the script's probability ("unknown": not judged, as with too few
-    signals). The live classifier cuts, keeps and decodes the windows; only the model's answer is scripted."""
-
-    def __init__(self, script: list[tuple[str, float]]) -> None:
-        base = PhaseModel.load()  # the window config and rules the classifier cuts its windows by
-        self.rules, self.config, self.version, self.script = base.rules, base.config, "scripted", script
-
-    def for_interval(self, interval_s: float) -> _Sure:
-        return self
-
-    def predict_features(self, wf: WindowFeatures, present: set[str], evidence: bool = False) -> tuple:
-        n = len(wf.start)
-        proba = np.full((n, len(PHASES)), np.nan)
-        labels = []
-        for i, start in enumerate(wf.start.tolist()):
-            label, p = self.script[min(round((start - T0) / self.config.stride_s), len(self.script) - 1)]
-            if label != "unknown":
-                proba[i] = (1.0 - p) / (len(PHASES) - 1)
-                proba[i, PHASES.index(label)] = p
-            labels.append(label)
-        return proba, labels, [{}] * n, "scripted", [""] * n
-
-
 def test_a_held_phase_keeps_its_last_confidence_and_says_held() -> None:
     """A window the model does not judge keeps the phase (no flicker to unknown: the decoder bridges it)
     with the confidence of the last judged window, marked as held on the badge and in the API; the next
@@ -207,7 +177,7 @@ def test_a_held_phase_keeps_its_last_confidence_and_says_held() -> None:
     from phasescope.views.table import HELD_MARK
 
     script = [("training", 0.87), ("unknown", 0.0), ("unknown", 0.0), ("training", 0.6)]
-    model = _Sure(list(script))
+    model = _Confident(list(script))
     clf = LiveClassifier(model, every_s=1.0)  # type: ignore[arg-type]
     annotate = Annotator(clf)
     dev = DeviceInfo("GPU-x", "NVIDIA GeForce RTX 3090", 0)
