@@ -10,6 +10,7 @@ the decoder's lag of a change in the fleet's segments (docs/design/live-classifi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from tests.serve.conftest import samples
 from phasescope.classify.decide import SegmentParams
 from phasescope.classify.model import PhaseModel
 from phasescope.features import Floors, resample, sample_interval, window_features
-from phasescope.fleet.judge import judge
+from phasescope.fleet.judge import DeviceVerdict, judge
 from phasescope.live.classify import LiveClassifier
 from phasescope.serve.agent import Agent
 from phasescope.serve.collector import registry_for
@@ -42,6 +43,23 @@ def lag_bound_s(model: PhaseModel, every_s: float) -> float:
     k = int(p.switch_cost // per_window) + 1
     cfg = model.config
     return (k - 0.5) * cfg.stride_s + cfg.window_s / 2 + every_s
+
+
+def compare_with_fleet(fleet: DeviceVerdict, readings: Iterable[tuple[float, str]], start: float,
+                       warm_up: float, lag: float) -> tuple[int, int]:
+    """(compared, disagreeing) of the agent's (time, phase) readings against the fleet's segments, leaving out
+    the warm-up after `start`, the lag bound after each change, and the time past the fleet's last window."""
+    changes = [s.start for s in fleet.segments[1:]]
+    compared = disagree = 0
+    for t, phase in sorted(readings):
+        if t < start + warm_up or any(c <= t <= c + lag for c in changes):
+            continue
+        seg = next((s for s in fleet.segments if s.start <= t <= s.end), None)
+        if seg is None:
+            continue  # past the fleet's last full window it says nothing
+        compared += 1
+        disagree += phase != seg.label
+    return compared, disagree
 
 
 def test_agent_phase_gauge_is_the_live_phase_and_agrees_with_the_fleet(
@@ -81,17 +99,8 @@ def test_agent_phase_gauge_is_the_live_phase_and_agrees_with_the_fleet(
     for trace in traces:
         fleet = judge(trace, model)
         assert fleet.label == "training"
-        changes = [s.start for s in fleet.segments[1:]]
-        first = float(trace.time[0])
-        compared = disagree = 0
-        for t, phase in gauge[trace.device.uuid]:
-            if t < first + warm_up or any(c <= t <= c + lag for c in changes):
-                continue
-            seg = next((s for s in fleet.segments if s.start <= t <= s.end), None)
-            if seg is None:
-                continue  # past the fleet's last full window it says nothing
-            compared += 1
-            disagree += phase != seg.label
+        readings = gauge[trace.device.uuid]
+        compared, disagree = compare_with_fleet(fleet, readings, float(trace.time[0]), warm_up, lag)
         assert compared >= 40, trace.device.label()  # 687 s at a 15 s scrape, less the warm-up
         assert disagree == 0, f"{trace.device.label()}: {disagree} of {compared} scrapes disagree"
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 from tests.fleet.harness import PROMTOOL, Procs, free_port, need_tool, start_prometheus
-from tests.fleet.test_agreement import H100_RUN, lag_bound_s
+from tests.fleet.test_agreement import H100_RUN, compare_with_fleet, lag_bound_s
 
 from phasescope.classify.model import PhaseModel
 from phasescope.fleet.collect import fetch_traces
@@ -127,16 +127,6 @@ def test_agent_gauge_and_fleet_agree_through_a_real_prometheus(shared_data: Path
         np.testing.assert_allclose(np.nanmean(trace["power"]), mean_power, rtol=0.01)
         fleet = judge(trace, model)
         assert fleet.label == "training", uuid
-        changes = [s.start for s in fleet.segments[1:]]
-        start = float(trace.time[0])
-        compared = disagree = 0
-        for t, phase in sorted(gauge[uuid]):
-            if t < start + warm_up or any(c <= t <= c + lag for c in changes):
-                continue
-            seg = next((s for s in fleet.segments if s.start <= t <= s.end), None)
-            if seg is None:
-                continue  # past the fleet's last full window it says nothing
-            compared += 1
-            disagree += phase != seg.label
+        compared, disagree = compare_with_fleet(fleet, gauge[uuid], float(trace.time[0]), warm_up, lag)
         assert compared >= 40, uuid  # 687 s at a 15 s step, less the warm-up
         assert disagree == 0, f"{uuid}: {disagree} of {compared} points disagree"
