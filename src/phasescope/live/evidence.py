@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from phasescope.sources.process_kind import Evidence, EvidenceCache, device_role, disagrees
+from phasescope.sources.process_kind import Evidence, EvidenceCache, device_role, disagrees, engines_named
 
 if TYPE_CHECKING:
     from phasescope.live.annotate import ScrapeKpiReader
@@ -58,7 +58,7 @@ class EvidenceTracker:
         """Refresh from the newest tick's processes; returns the scrape readers that run now."""
         if not state.local_processes:
             self.devices = {}
-            return self._keep(set())
+            return self._keep({})
         alive: set[tuple[int, float]] = set()
         devices: dict[str, DeviceEvidence] = {}
         wanted: dict[tuple[int, str], str] = {}  # (pid, url) -> device uuid
@@ -74,21 +74,21 @@ class EvidenceTracker:
                     wanted[(p.pid, url)] = uuid
             role = device_role(evs)
             view = state.phase(uuid)
-            devices[uuid] = DeviceEvidence(tuple(sorted({e.engine for e in evs if e.engine})), role,
+            devices[uuid] = DeviceEvidence(engines_named(evs), role,
                                            disagrees(view.phase if view is not None else "unknown", role))
         self.cache.forget_except(alive)
         self.devices = devices
         return self._keep(wanted)
 
-    def _keep(self, wanted: dict[tuple[int, str], str] | set[tuple[int, str]]) -> list[ScrapeKpiReader]:
+    def _keep(self, wanted: dict[tuple[int, str], str]) -> list[ScrapeKpiReader]:
+        """Stop the readers not wanted any more, start the new ones; (pid, url) -> device uuid."""
         for key in [k for k in self.scrapes if k not in wanted]:
             self.scrapes.pop(key).stop()
-        if isinstance(wanted, dict):
-            for key, uuid in wanted.items():
-                if key not in self.scrapes:
-                    reader = self._new_reader(key[1], uuid)
-                    reader.start()
-                    self.scrapes[key] = reader
+        for key, uuid in wanted.items():
+            if key not in self.scrapes:
+                reader = self._new_reader(key[1], uuid)
+                reader.start()
+                self.scrapes[key] = reader
         return list(self.scrapes.values())
 
     def _new_reader(self, url: str, uuid: str) -> ScrapeKpiReader:
@@ -99,7 +99,7 @@ class EvidenceTracker:
         return ScrapeKpiReader(url, uuid, label="auto-scrape")
 
     def stop(self) -> None:
-        self._keep(set())
+        self._keep({})
 
 
 __all__ = ["DeviceEvidence", "EvidenceTracker", "auto_scrape_url"]

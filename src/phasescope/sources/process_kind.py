@@ -234,6 +234,11 @@ class EvidenceCache:
             del self._seen[key]
 
 
+def engines_named(evidence: Iterable[Evidence]) -> tuple[str, ...]:
+    """The engines and trainers a device's processes name, sorted, once each."""
+    return tuple(sorted({e.engine for e in evidence if e.engine}))
+
+
 def device_role(evidence: Iterable[Evidence]) -> str | None:
     """The role a GPU's processes claim: one role, or None where they claim none or both."""
     roles = {e.role for e in evidence if e.role}
@@ -252,9 +257,9 @@ def claims(pids_by_device: Mapping[str, Iterable[int]]) -> dict[str, dict[str, o
     out: dict[str, dict[str, object]] = {}
     for uuid, pids in pids_by_device.items():
         evs = [evidence_of(pid) for pid in sorted(set(pids))]
-        engines = sorted({e.engine for e in evs if e.engine})
+        engines = engines_named(evs)
         if engines:
-            out[uuid] = {"engines": engines, "role": device_role(evs), "verified": False}
+            out[uuid] = {"engines": list(engines), "role": device_role(evs), "verified": False}
     return out
 
 
@@ -267,5 +272,5 @@ def engines_table() -> Mapping[str, tuple[str, ...]]:
 
 
 __all__ = ["ENGINES", "ENGINE_ROLES", "INFERENCE", "TRAINING", "Engine", "Evidence", "EvidenceCache",
-           "claims", "device_role", "disagrees", "engines_table", "evidence_of", "listening_ports",
-           "mapped_packages", "recognise"]
+           "claims", "device_role", "disagrees", "engines_named", "engines_table", "evidence_of",
+           "listening_ports", "mapped_packages", "recognise"]
